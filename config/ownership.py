@@ -1,0 +1,22 @@
+"""The one permission rule every list applies: users see their own objects, admins see all.
+
+Models with an ``owner`` use ``OwnedQuerySet`` as their manager, and every view, API endpoint and
+WebSocket consumer starts from ``Model.objects.visible_to(user)``, so none can forget the rule.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+def is_admin(user) -> bool:
+    return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
+
+
+class OwnedQuerySet(models.QuerySet):
+    def visible_to(self, user) -> OwnedQuerySet:
+        if not (user and user.is_authenticated):
+            return self.none()
+        if is_admin(user):
+            return self
+        return self.filter(owner=user)

@@ -1,0 +1,172 @@
+"""Input and output shapes of /api/v1. Input serializers check types; the services check
+meaning (paths, ownership, ranges) and raise errors naming the field."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from datasets.models import Dataset
+from jobs.models import PRIORITY_MAX, PRIORITY_MIN, JobEvent, JobMetric, SlotAllocation, TrainingJob
+from models.models import ModelDefinition
+from resources.models import GPU, Host, InstanceGroup, ResourceGroup
+
+
+class GPUSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GPU
+        fields = ["index", "uuid", "model", "memory_mb", "memory_used_mb", "utilization", "updated"]
+
+
+class HostSerializer(serializers.ModelSerializer):
+    gpus = GPUSerializer(many=True, read_only=True)
+    ngpus = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Host
+        fields = ["id", "name", "address", "cpu_slots", "state", "last_heartbeat", "ngpus", "gpus"]
+        read_only_fields = ["last_heartbeat"]
+
+
+class ResourceGroupSerializer(serializers.ModelSerializer):
+    slot_formula = serializers.CharField(read_only=True)
+    hosts = serializers.PrimaryKeyRelatedField(many=True, queryset=Host.objects.all(), required=False)
+
+    class Meta:
+        model = ResourceGroup
+        fields = ["id", "name", "slots_mode", "static_slots", "slot_formula", "selection", "hosts", "created"]
+        read_only_fields = ["created"]
+
+
+class InstanceGroupSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = InstanceGroup
+        fields = ["id", "name", "resource_group", "policy", "preemption", "reclaim_grace_s", "created"]
+        read_only_fields = ["created"]
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "type", "description", "train_path", "test_path", "uploaded", "owner", "created"]
+        read_only_fields = ["uploaded", "created"]
+
+
+class DatasetUploadSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    archive = serializers.FileField()
+
+
+class ModelDefinitionSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    dataset = serializers.PrimaryKeyRelatedField(queryset=Dataset.objects.all())
+
+    class Meta:
+        model = ModelDefinition
+        fields = [
+            "id", "name", "description", "framework", "location", "main_file", "engine",
+            "dataset", "hyper_parameters", "owner", "created",
+        ]
+        read_only_fields = ["created"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:
+            self.fields["dataset"].queryset = Dataset.objects.visible_to(request.user)
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    workers = serializers.SerializerMethodField(help_text="Slots the job holds now.")
+    wmla_state = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = TrainingJob
+        fields = [
+            "id", "name", "state", "wmla_state", "priority", "max_workers", "devices_per_worker",
+            "workers", "target_workers", "model", "dataset", "instance_group", "owner",
+            "created", "started", "finished", "epoch", "epochs", "iteration", "env_vars", "args",
+            "hyper_parameters", "result_dir", "error", "restarts", "max_restarts",
+            "stop_requested_at",
+        ]
+        read_only_fields = fields
+
+    def get_workers(self, job: TrainingJob) -> int:
+        annotated = getattr(job, "workers_now", None)
+        if annotated is not None:
+            return annotated
+        return job.allocations.filter(released_at__isnull=True).count()
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    model = serializers.PrimaryKeyRelatedField(queryset=ModelDefinition.objects.all())
+    instance_group = serializers.PrimaryKeyRelatedField(queryset=InstanceGroup.objects.all())
+    dataset = serializers.PrimaryKeyRelatedField(queryset=Dataset.objects.all(), required=False)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    max_workers = serializers.IntegerField(min_value=1)
+    devices_per_worker = serializers.IntegerField(min_value=1, default=1)
+    priority = serializers.IntegerField(min_value=PRIORITY_MIN, max_value=PRIORITY_MAX, default=5000)
+    env_vars = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    args = serializers.CharField(required=False, allow_blank=True, default="")
+    hyper_parameters = serializers.DictField(required=False, default=dict)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:
+            self.fields["model"].queryset = ModelDefinition.objects.visible_to(request.user)
+            self.fields["dataset"].queryset = Dataset.objects.visible_to(request.user)
+
+
+class JobPrioritySerializer(serializers.Serializer):
+    priority = serializers.IntegerField(min_value=PRIORITY_MIN, max_value=PRIORITY_MAX)
+
+
+class JobReorderSerializer(serializers.Serializer):
+    order = serializers.ListField(child=serializers.IntegerField(), min_length=1, max_length=1000)
+
+
+class SlotAllocationSerializer(serializers.ModelSerializer):
+    host = serializers.CharField(source="host.name", read_only=True)
+    gpu = serializers.CharField(source="gpu.uuid", read_only=True, default=None)
+
+    class Meta:
+        model = SlotAllocation
+        fields = [
+            "id", "job", "host", "gpu", "slot", "worker_id", "granted_at",
+            "reclaim_requested_at", "released_at", "release_reason",
+        ]
+        read_only_fields = fields
+
+
+class JobMetricSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobMetric
+        fields = ["id", "kind", "epoch", "iteration", "workers", "values", "ts"]
+        read_only_fields = fields
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["id", "type", "source", "message", "data", "ts"]
+        read_only_fields = fields
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    password = serializers.CharField(style={"input_type": "password"}, trim_whitespace=False)
+
+
+class TokenSerializer(serializers.Serializer):
+    token = serializers.CharField()
+
+
+class UserSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = get_user_model()
+        fields = ["id", "username", "is_staff"]

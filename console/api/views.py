@@ -1,0 +1,241 @@
+"""The /api/v1 endpoints: thin views over the services, every list restricted with
+``visible_to(user)`` so another user's object is a 404 and their list is empty."""
+
+from __future__ import annotations
+
+from django.contrib.auth import authenticate
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.authtoken.models import Token
+from rest_framework.decorators import action, api_view, permission_classes, throttle_classes
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.response import Response
+
+from console.api import serializers as s
+from datasets import services as dataset_services
+from datasets.models import Dataset
+from jobs import services as job_services
+from jobs.models import TrainingJob
+from models import services as model_services
+from models.models import ModelDefinition
+from resources.models import Host, InstanceGroup, ResourceGroup
+
+
+class IsAdminOrReadOnly(permissions.BasePermission):
+    """Everyone signed in may look at the cluster; only admins change it."""
+
+    def has_permission(self, request, view) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        return request.method in permissions.SAFE_METHODS or request.user.is_staff
+
+
+def _service(call, *args, **kwargs):
+    """Run a service, turning its PermissionDenied into DRF's (403) for the API."""
+    try:
+        return call(*args, **kwargs)
+    except DjangoPermissionDenied as exc:
+        raise PermissionDenied(str(exc)) from exc
+
+
+class HostViewSet(viewsets.ModelViewSet):
+    queryset = Host.objects.prefetch_related("gpus")
+    serializer_class = s.HostSerializer
+    permission_classes = [IsAdminOrReadOnly]
+    filterset_fields = ["state"]
+    search_fields = ["name"]
+
+
+class ResourceGroupViewSet(viewsets.ModelViewSet):
+    queryset = ResourceGroup.objects.prefetch_related("hosts")
+    serializer_class = s.ResourceGroupSerializer
+    permission_classes = [IsAdminOrReadOnly]
+    search_fields = ["name"]
+
+
+class InstanceGroupViewSet(viewsets.ModelViewSet):
+    queryset = InstanceGroup.objects.select_related("resource_group")
+    serializer_class = s.InstanceGroupSerializer
+    permission_classes = [IsAdminOrReadOnly]
+    filterset_fields = ["policy", "resource_group"]
+    search_fields = ["name"]
+
+
+class DatasetViewSet(viewsets.ModelViewSet):
+    serializer_class = s.DatasetSerializer
+    filterset_fields = ["type", "uploaded"]
+    search_fields = ["name"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return Dataset.objects.visible_to(self.request.user).select_related("owner")
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        serializer.instance = dataset_services.dataset_create(
+            owner=self.request.user,
+            name=data["name"],
+            train_path=data["train_path"],
+            test_path=data["test_path"],
+            description=data.get("description", ""),
+        )
+
+    def perform_update(self, serializer):
+        # Paths are checked at creation only; afterwards a dataset's description may change.
+        serializer.save(
+            **{k: v for k, v in serializer.validated_data.items() if k == "description"}
+        )
+
+    @extend_schema(request=s.DatasetUploadSerializer, responses={201: s.DatasetSerializer})
+    @action(detail=False, methods=["post"])
+    def upload(self, request):
+        """Create a dataset from a zip or tar.gz holding ``train*/`` and ``test*/`` folders."""
+        form = s.DatasetUploadSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        dataset = dataset_services.dataset_create_from_archive(
+            owner=request.user,
+            name=form.validated_data["name"],
+            archive=form.validated_data["archive"],
+            description=form.validated_data["description"],
+        )
+        return Response(s.DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
+
+
+class ModelDefinitionViewSet(viewsets.ModelViewSet):
+    serializer_class = s.ModelDefinitionSerializer
+    filterset_fields = ["framework", "engine", "dataset"]
+    search_fields = ["name"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return ModelDefinition.objects.visible_to(self.request.user).select_related("owner")
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        serializer.instance = model_services.model_create(
+            owner=self.request.user,
+            name=data["name"],
+            location=data["location"],
+            main_file=data.get("main_file", "main.py"),
+            dataset=data["dataset"],
+            hyper_parameters=data.get("hyper_parameters"),
+            description=data.get("description", ""),
+            framework=data.get("framework", ModelDefinition.Framework.PYTORCH),
+            engine=data.get("engine", ModelDefinition.Engine.EDT),
+        )
+
+    def perform_update(self, serializer):
+        data = serializer.validated_data
+        if "hyper_parameters" in data:
+            data["hyper_parameters"] = model_services.validate_hyper_parameters(
+                data["hyper_parameters"]
+            )
+        allowed = {"description", "hyper_parameters", "dataset"}
+        serializer.save(**{k: v for k, v in data.items() if k in allowed})
+
+
+class JobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    serializer_class = s.JobSerializer
+    filterset_fields = ["state", "instance_group", "model"]
+    ordering_fields = ["created", "priority", "id"]
+    search_fields = ["name"]
+
+    def get_queryset(self):
+        return TrainingJob.objects.visible_to(self.request.user).with_workers().select_related("owner")
+
+    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer})
+    def create(self, request):
+        """Submit a training job (the console's Train button)."""
+        form = s.JobSubmitSerializer(data=request.data, context={"request": request})
+        form.is_valid(raise_exception=True)
+        job = _service(job_services.job_submit, user=request.user, **form.validated_data)
+        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.JobPrioritySerializer, responses={200: s.JobSerializer})
+    def partial_update(self, request, pk=None):
+        """Change the priority (1..10000); the scheduler re-decides at once."""
+        job = self.get_object()
+        form = s.JobPrioritySerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        _service(job_services.job_set_priority, job=job, priority=form.validated_data["priority"], user=request.user)
+        return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    def destroy(self, request, pk=None):
+        job = self.get_object()
+        if not job.is_terminal:
+            return Response(
+                {"state": f"Job {job.pk} is {job.state}; stop it before deleting it."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        job.delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses={202: s.JobSerializer})
+    @action(detail=True, methods=["post"])
+    def kill(self, request, pk=None):
+        """Stop the job: cooperative, workers leave at the next iteration boundary."""
+        job = _service(job_services.job_kill, job=self.get_object(), user=request.user)
+        return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=s.JobReorderSerializer, responses={200: s.JobSerializer(many=True)})
+    @action(detail=False, methods=["post"])
+    def reorder(self, request):
+        """Reassign priorities so they follow the given order of job ids (first = highest)."""
+        form = s.JobReorderSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        jobs = _service(job_services.jobs_reorder, user=request.user, job_ids=form.validated_data["order"])
+        return Response(s.JobSerializer(jobs, many=True).data)
+
+    @extend_schema(responses={200: s.SlotAllocationSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def allocations(self, request, pk=None):
+        """The job's slot history: every grant and release."""
+        rows = self.get_object().allocations.select_related("host", "gpu").order_by("granted_at", "id")
+        return self._paged(rows, s.SlotAllocationSerializer)
+
+    @extend_schema(responses={200: s.JobMetricSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        return self._paged(self.get_object().metrics.order_by("ts", "id"), s.JobMetricSerializer)
+
+    @extend_schema(responses={200: s.JobEventSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        return self._paged(self.get_object().events.order_by("ts", "id"), s.JobEventSerializer)
+
+    def _paged(self, queryset, serializer_class):
+        page = self.paginate_queryset(queryset)
+        return self.get_paginated_response(serializer_class(page, many=True).data)
+
+
+@extend_schema(request=s.TokenRequestSerializer, responses={200: s.TokenSerializer})
+@api_view(["POST"])
+@permission_classes([permissions.AllowAny])
+@throttle_classes([])
+def obtain_token(request):
+    """Exchange a username and password for an API token (``Authorization: Token <token>``).
+
+    Failed attempts count towards the login lockout (django-axes)."""
+    form = s.TokenRequestSerializer(data=request.data)
+    form.is_valid(raise_exception=True)
+    user = authenticate(
+        request=request._request,
+        username=form.validated_data["username"],
+        password=form.validated_data["password"],
+    )
+    if user is None or not user.is_active:
+        raise AuthenticationFailed("Wrong username or password, or the account is locked.")
+    token, _ = Token.objects.get_or_create(user=user)
+    return Response({"token": token.key})
+
+
+@extend_schema(responses={200: s.UserSerializer})
+@api_view(["GET"])
+def me(request):
+    return Response(s.UserSerializer(request.user).data)

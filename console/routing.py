@@ -1,0 +1,3 @@
+"""WebSocket routes (the console's live consumers are added here)."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,183 @@
+"""Training jobs ("execs"), their slot allocation history, metrics and events."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from config.ownership import OwnedQuerySet
+from jobs import states
+
+PRIORITY_MIN = 1
+PRIORITY_MAX = 10000
+PRIORITY_DEFAULT = 5000
+
+
+class TrainingJobQuerySet(OwnedQuerySet):
+    def active(self) -> TrainingJobQuerySet:
+        return self.filter(state__in=states.ACTIVE)
+
+    def with_workers(self) -> TrainingJobQuerySet:
+        """Annotate ``workers_now``: slots the job holds now (granted and not yet released)."""
+        return self.annotate(
+            workers_now=models.Count(
+                "allocations", filter=Q(allocations__released_at__isnull=True)
+            )
+        )
+
+
+class TrainingJob(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="training_jobs"
+    )
+    name = models.CharField(max_length=200, blank=True)
+    model = models.ForeignKey(
+        "models.ModelDefinition", on_delete=models.PROTECT, related_name="jobs"
+    )
+    dataset = models.ForeignKey(
+        "datasets.Dataset", on_delete=models.PROTECT, related_name="jobs", null=True, blank=True
+    )
+    instance_group = models.ForeignKey(
+        "resources.InstanceGroup", on_delete=models.PROTECT, related_name="jobs"
+    )
+    state = models.CharField(max_length=16, choices=states.CHOICES, default=states.SUBMITTED)
+    priority = models.PositiveIntegerField(
+        default=PRIORITY_DEFAULT,
+        validators=[MinValueValidator(PRIORITY_MIN), MaxValueValidator(PRIORITY_MAX)],
+    )
+    max_workers = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    devices_per_worker = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    target_workers = models.PositiveIntegerField(
+        default=0, help_text="Slots the scheduler last decided this job should hold."
+    )
+    env_vars = models.JSONField(default=dict, blank=True)
+    args = models.TextField(blank=True, help_text="Extra arguments passed to the user's script.")
+    hyper_parameters = models.JSONField(default=dict, blank=True)
+    epoch = models.PositiveIntegerField(default=0)
+    epochs = models.PositiveIntegerField(default=0)
+    iteration = models.PositiveIntegerField(default=0)
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    result_dir = models.CharField(max_length=1024, blank=True)
+    error = models.TextField(blank=True)
+    # Fencing token: every (re)launch of the job's driver claims attempt n+1 with a conditional
+    # UPDATE, so a stale duplicate launch sees it lost and exits without writing.
+    attempt = models.PositiveIntegerField(default=0)
+    restarts = models.PositiveIntegerField(default=0)
+    max_restarts = models.PositiveIntegerField(default=5)
+    heartbeat = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="A cooperative stop was asked for; the runtime confirms."
+    )
+
+    objects = TrainingJobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        indexes = [models.Index(fields=["instance_group", "state"])]
+
+    def __str__(self) -> str:
+        return self.name or f"job {self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in states.TERMINAL
+
+    @property
+    def wmla_state(self) -> str:
+        return states.WMLA_NAMES[self.state]
+
+    def transition(self, target: str, *, error: str = "") -> None:
+        """Move to ``target`` or raise ``IllegalTransition``; saves the row.
+
+        The check runs against the row locked in the database, not this possibly stale copy, so
+        two processes cannot both move the same job out of one state."""
+        with transaction.atomic():
+            current = TrainingJob.objects.select_for_update().only("state").get(pk=self.pk).state
+            states.check_transition(self.pk, current, target)
+            now = timezone.now()
+            self.state = target
+            fields = ["state"]
+            if target == states.RUNNING and self.started is None:
+                self.started = now
+                fields.append("started")
+            if target in states.TERMINAL:
+                self.finished = now
+                fields.append("finished")
+            if error:
+                self.error = error
+                fields.append("error")
+            self.save(update_fields=fields)
+
+
+class SlotAllocation(models.Model):
+    """One slot held by one job on one host, from grant to release. Never deleted: the history
+    behind the allocation charts."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="allocations")
+    host = models.ForeignKey("resources.Host", on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(
+        "resources.GPU", on_delete=models.SET_NULL, null=True, blank=True, related_name="allocations"
+    )
+    slot = models.PositiveIntegerField(help_text="Slot index on the host (GPU index on GPU hosts).")
+    worker_id = models.CharField(max_length=200, blank=True)
+    granted_at = models.DateTimeField(default=timezone.now, db_index=True)
+    reclaim_requested_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    release_reason = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        ordering = ["granted_at", "id"]
+        constraints = [
+            # The database itself refuses a double-booked slot, whatever the scheduler does.
+            models.UniqueConstraint(
+                fields=["host", "slot"],
+                condition=Q(released_at__isnull=True),
+                name="slot_booked_once",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.host_id}:{self.slot}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.released_at is None
+
+
+class JobMetric(models.Model):
+    class Kind(models.TextChoices):
+        TRAIN = "train", "Train"
+        TEST = "test", "Test"
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metrics")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    epoch = models.PositiveIntegerField(default=0)
+    iteration = models.PositiveIntegerField(default=0)
+    workers = models.PositiveIntegerField(default=0)
+    values = models.JSONField(default=dict)
+    ts = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["ts", "id"]
+        indexes = [models.Index(fields=["job", "kind", "ts"])]
+
+
+class JobEvent(models.Model):
+    """An event a user wants to see on the job page: allocation change, worker join/leave,
+    preemption, recovery, checkpoint, error."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=64)
+    source = models.CharField(max_length=200, blank=True)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    ts = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["ts", "id"]
+        indexes = [models.Index(fields=["job", "ts"])]

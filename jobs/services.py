@@ -1,0 +1,175 @@
+"""Writes on training jobs. Views, the REST APIs, the CLI and Celery tasks all call these."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from config.ownership import is_admin
+from jobs import states
+from jobs.models import PRIORITY_MAX, PRIORITY_MIN, JobEvent, TrainingJob
+from jobs.notify import wake_scheduler
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The runtime and the host agent own these; a user may not override them.
+RESERVED_ENV = frozenset(
+    {
+        "DATABASE_URL", "REDIS_URL", "SECRET_KEY", "CUDA_VISIBLE_DEVICES", "EDT_ROLE", "EDT_JOB_ID",
+        "EDT_DRIVER_ADDR", "EDT_WORKER_ID", "DLI_EXECID", "RESULT_DIR", "LOG_DIR", "FABRIC_HOME",
+    }
+)
+
+
+def validate_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValidationError({"priority": f"Priority must be an integer, not {priority!r}."})
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValidationError(
+            {"priority": f"Priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}."}
+        )
+    return priority
+
+
+def validate_env_vars(env_vars: object) -> dict[str, str]:
+    if not isinstance(env_vars, dict):
+        raise ValidationError({"env_vars": "Environment variables must be an object of names."})
+    clean: dict[str, str] = {}
+    for name, value in env_vars.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise ValidationError({"env_vars": f"'{name}' is not a valid environment variable name."})
+        if name in RESERVED_ENV:
+            raise ValidationError({"env_vars": f"'{name}' is set by the system and cannot be overridden."})
+        if not isinstance(value, str | int | float | bool):
+            raise ValidationError({"env_vars": f"The value of '{name}' must be a string."})
+        clean[name] = str(value)
+    return clean
+
+
+def validate_max_workers(max_workers: object, field: str = "max_workers") -> int:
+    limit = settings.EDT_MAX_WORKERS_LIMIT
+    if isinstance(max_workers, bool) or not isinstance(max_workers, int):
+        raise ValidationError({field: "Max workers must be an integer."})
+    if not 1 <= max_workers <= limit:
+        raise ValidationError({field: f"Max workers must be between 1 and {limit}."})
+    return max_workers
+
+
+def record_event(job: TrainingJob, type: str, message: str = "", source: str = "", **data) -> JobEvent:
+    return JobEvent.objects.create(job=job, type=type, source=source, message=message, data=data)
+
+
+def job_submit(
+    *,
+    user,
+    model,
+    instance_group,
+    max_workers: int = 1,
+    devices_per_worker: int = 1,
+    priority: int | None = None,
+    name: str = "",
+    env_vars: dict | None = None,
+    args: str = "",
+    hyper_parameters: dict | None = None,
+    dataset=None,
+) -> TrainingJob:
+    """Create a job in SUBMITTED, hand it to the scheduler (PENDING) and wake the scheduler."""
+    if model.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("You can only train your own models.")
+    validate_max_workers(max_workers)
+    validate_max_workers(devices_per_worker, field="devices_per_worker")
+    env = validate_env_vars(env_vars or {})
+    hp = {**(model.hyper_parameters or {}), **(hyper_parameters or {})}
+    epochs = hp.get("epochs", 0)
+    with transaction.atomic():
+        job = TrainingJob.objects.create(
+            owner=user,
+            name=name or f"{model.name}",
+            model=model,
+            dataset=dataset or model.dataset,
+            instance_group=instance_group,
+            max_workers=max_workers,
+            devices_per_worker=devices_per_worker,
+            priority=validate_priority(priority if priority is not None else 5000),
+            env_vars=env,
+            args=args,
+            hyper_parameters=hp,
+            epochs=epochs if isinstance(epochs, int) and epochs >= 0 else 0,
+            max_restarts=settings.EDT_DEFAULT_MAX_RESTARTS,
+        )
+        job.result_dir = str(Path(settings.EDT_RESULT_ROOT) / f"job-{job.pk}")
+        job.save(update_fields=["result_dir"])
+        job.transition(states.PENDING)
+        record_event(job, "job.submitted", f"Submitted with max {max_workers} workers", source="console")
+        wake_scheduler("job.submitted", job=job.pk)
+    return job
+
+
+def job_set_priority(*, job: TrainingJob, priority: int, user) -> TrainingJob:
+    if job.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("Only an admin can change the priority of another user's job.")
+    priority = validate_priority(priority)
+    if job.priority == priority:
+        return job
+    old = job.priority
+    with transaction.atomic():
+        job.priority = priority
+        job.save(update_fields=["priority"])
+        record_event(job, "job.priority", f"Priority {old} -> {priority}", source=user.get_username())
+        if not job.is_terminal:
+            wake_scheduler("job.priority", job=job.pk)
+    return job
+
+
+def jobs_reorder(*, user, job_ids: list[int]) -> list[TrainingJob]:
+    """Give the listed jobs priorities that preserve the order shown (first = highest).
+
+    The jobs keep the set of priorities they had, redistributed in the new order; where that set
+    has ties, evenly spaced values inside their range are used, so dragging always changes the
+    ranking the user sees."""
+    jobs = list(TrainingJob.objects.visible_to(user).filter(pk__in=job_ids))
+    by_id = {job.pk: job for job in jobs}
+    missing = [jid for jid in job_ids if jid not in by_id]
+    if missing or len(set(job_ids)) != len(job_ids):
+        raise ValidationError({"order": f"Unknown or repeated job ids: {missing or job_ids}."})
+    old = sorted((job.priority for job in jobs), reverse=True)
+    if len(set(old)) != len(old):
+        top, bottom = old[0], old[-1]
+        if top == bottom:
+            top, bottom = min(PRIORITY_MAX, top + len(old) - 1), max(PRIORITY_MIN, bottom)
+        n = len(old)
+        step = (top - bottom) / (n - 1) if n > 1 else 0
+        old = [round(top - i * step) for i in range(n)]
+        if len(set(old)) != n:  # range too narrow: fall back to consecutive values from the top
+            start = min(PRIORITY_MAX, max(old[0], PRIORITY_MIN + n - 1))
+            old = [start - i for i in range(n)]
+    with transaction.atomic():
+        for jid, priority in zip(job_ids, old, strict=True):
+            job_set_priority(job=by_id[jid], priority=priority, user=user)
+    return [by_id[jid] for jid in job_ids]
+
+
+def job_kill(*, job: TrainingJob, user, reason: str = "") -> TrainingJob:
+    """Stop a job. A job not holding slots is KILLED at once; a running one is asked to stop
+    cooperatively and the execution layer marks it KILLED when its processes have left."""
+    if job.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("You can only stop your own jobs.")
+    if job.is_terminal:
+        raise ValidationError({"state": f"Job {job.pk} has already ended ({job.state})."})
+    with transaction.atomic():
+        job.refresh_from_db()
+        message = reason or f"Stopped by {user.get_username()}"
+        if job.state in (states.SUBMITTED, states.PENDING) and not job.allocations.filter(
+            released_at__isnull=True
+        ).exists():
+            job.transition(states.KILLED, error=message)
+        else:
+            job.stop_requested_at = timezone.now()
+            job.save(update_fields=["stop_requested_at"])
+        record_event(job, "job.stop_requested", message, source=user.get_username())
+        wake_scheduler("job.killed", job=job.pk)
+    return job

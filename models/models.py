@@ -1,0 +1,45 @@
+"""Model definitions: where the user's training code lives and how to run it."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from config.ownership import OwnedQuerySet
+
+
+class ModelDefinition(models.Model):
+    class Framework(models.TextChoices):
+        PYTORCH = "PyTorch", "PyTorch"
+
+    class Engine(models.TextChoices):
+        EDT = "edt", "Elastic Distributed Training"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="model_definitions"
+    )
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    framework = models.CharField(
+        max_length=16, choices=Framework.choices, default=Framework.PYTORCH
+    )
+    location = models.CharField(max_length=1024, help_text="Folder with the model's code.")
+    main_file = models.CharField(max_length=255, default="main.py")
+    engine = models.CharField(max_length=8, choices=Engine.choices, default=Engine.EDT)
+    dataset = models.ForeignKey(
+        "datasets.Dataset", on_delete=models.PROTECT, related_name="model_definitions"
+    )
+    hyper_parameters = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    objects = OwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="model_name_unique_per_owner")
+        ]
+
+    def __str__(self) -> str:
+        return self.name

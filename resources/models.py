@@ -1,0 +1,132 @@
+"""Hosts with their GPUs, resource groups (which hosts, how many slots) and instance groups
+(a resource group plus a scheduling policy)."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+
+class Host(models.Model):
+    class State(models.TextChoices):
+        UP = "UP", "Up"
+        UNAVAILABLE = "UNAVAILABLE", "Unavailable"
+        CLOSED = "CLOSED", "Closed"
+
+    name = models.CharField(max_length=200, unique=True)
+    address = models.CharField(max_length=255, blank=True, help_text="Host name or IP other hosts reach it by.")
+    cpu_slots = models.PositiveIntegerField(
+        default=0, help_text="Slots offered when the host has no GPU (CPU training)."
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.UP)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    registered = models.DateTimeField(default=timezone.now)
+    agent_info = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def ngpus(self) -> int:
+        return len(self.gpus.all())
+
+    @property
+    def is_up(self) -> bool:
+        return self.state == self.State.UP
+
+
+class GPU(models.Model):
+    """One device as NVML reports it. Keyed by UUID: NVML ignores CUDA_VISIBLE_DEVICES."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=100, unique=True)
+    model = models.CharField(max_length=200, blank=True)
+    memory_mb = models.PositiveIntegerField(default=0)
+    memory_used_mb = models.PositiveIntegerField(default=0)
+    utilization = models.PositiveSmallIntegerField(default=0, help_text="Percent, last heartbeat.")
+    updated = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["host__name", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_index_per_host")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.host.name}/gpu{self.index} ({self.model})"
+
+
+class ResourceGroup(models.Model):
+    class SlotsMode(models.TextChoices):
+        NGPUS = "ngpus", "ngpus (one slot per GPU; CPU slots on hosts without GPU)"
+        STATIC = "static", "Static number per host"
+
+    class Selection(models.TextChoices):
+        ALL = "all", "All hosts"
+        STATIC = "static", "Static list of hosts"
+
+    name = models.CharField(max_length=100, unique=True)
+    slots_mode = models.CharField(max_length=8, choices=SlotsMode.choices, default=SlotsMode.NGPUS)
+    static_slots = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(1024)]
+    )
+    selection = models.CharField(max_length=8, choices=Selection.choices, default=Selection.ALL)
+    hosts = models.ManyToManyField(Host, blank=True, related_name="resource_groups")
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def slot_formula(self) -> str:
+        return "ngpus" if self.slots_mode == self.SlotsMode.NGPUS else str(self.static_slots)
+
+    def member_hosts(self) -> models.QuerySet[Host]:
+        hosts = Host.objects.all() if self.selection == self.Selection.ALL else self.hosts.all()
+        return hosts.prefetch_related("gpus")
+
+    def slots_for(self, host: Host) -> int:
+        if self.slots_mode == self.SlotsMode.STATIC:
+            return self.static_slots
+        return host.ngpus or host.cpu_slots
+
+    def slots_by_host(self) -> dict[int, int]:
+        """Slots each available host offers now: host id -> count."""
+        return {
+            host.id: self.slots_for(host)
+            for host in self.member_hosts().filter(state=Host.State.UP)
+        }
+
+
+class InstanceGroup(models.Model):
+    class Policy(models.TextChoices):
+        FAIRSHARE = "fairshare", "Fair share"
+        PRIORITY = "priority", "Priority"
+        FIFO = "fifo", "FIFO"
+
+    name = models.CharField(max_length=100, unique=True)
+    resource_group = models.ForeignKey(
+        ResourceGroup, on_delete=models.PROTECT, related_name="instance_groups"
+    )
+    policy = models.CharField(max_length=16, choices=Policy.choices, default=Policy.FAIRSHARE)
+    preemption = models.BooleanField(default=True)
+    reclaim_grace_s = models.PositiveIntegerField(
+        default=120,
+        validators=[MaxValueValidator(86400)],
+        help_text="How long a reclaimed slot's worker may take to leave before it is forced.",
+    )
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
