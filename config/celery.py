@@ -1,4 +1,5 @@
 """The Celery application shared by the web process, the scheduler and the host agents."""
+
 import os
 
 from celery import Celery

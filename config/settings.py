@@ -164,6 +164,7 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", VAR_DIR / "staticfiles"))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every request otherwise
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -184,9 +185,7 @@ LOGOUT_REDIRECT_URL = "login"
 # --- Where user data may live -------------------------------------------------------------
 # Paths a user types (dataset folders, model locations) must resolve inside one of these roots.
 EDT_DATA_ROOTS = [Path(p).resolve() for p in env_list("EDT_DATA_ROOTS", str(VAR_DIR / "data"))]
-EDT_MODEL_ROOTS = [
-    Path(p).resolve() for p in env_list("EDT_MODEL_ROOTS", str(VAR_DIR / "models"))
-]
+EDT_MODEL_ROOTS = [Path(p).resolve() for p in env_list("EDT_MODEL_ROOTS", str(VAR_DIR / "models"))]
 EDT_RESULT_ROOT = Path(os.environ.get("EDT_RESULT_ROOT", VAR_DIR / "results")).resolve()
 EDT_UPLOAD_ROOT = Path(os.environ.get("EDT_UPLOAD_ROOT", VAR_DIR / "uploads")).resolve()
 EDT_MAX_UPLOAD_BYTES = env_int("EDT_MAX_UPLOAD_BYTES", 2 * 1024**3)

@@ -38,14 +38,14 @@ def dataset_create(
             errors[field] = exc.messages
     if errors:
         raise ValidationError(errors)
-    return Dataset.objects.create(
-        owner=owner, name=name, description=description, **resolved
-    )
+    return Dataset.objects.create(owner=owner, name=name, description=description, **resolved)
 
 
 def _pick(folder: Path, prefix: str) -> Path:
     """The archive's ``train*`` / ``test*`` folder (train_db, test_db in WMLA's tutorial)."""
-    matches = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.lower().startswith(prefix))
+    matches = sorted(
+        p for p in folder.iterdir() if p.is_dir() and p.name.lower().startswith(prefix)
+    )
     if matches:
         return matches[0]
     children = [p for p in folder.iterdir() if p.is_dir()]

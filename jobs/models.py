@@ -23,9 +23,7 @@ class TrainingJobQuerySet(OwnedQuerySet):
     def with_workers(self) -> TrainingJobQuerySet:
         """Annotate ``workers_now``: slots the job holds now (granted and not yet released)."""
         return self.annotate(
-            workers_now=models.Count(
-                "allocations", filter=Q(allocations__released_at__isnull=True)
-            )
+            workers_now=models.Count("allocations", filter=Q(allocations__released_at__isnull=True))
         )
 
 
@@ -121,7 +119,11 @@ class SlotAllocation(models.Model):
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="allocations")
     host = models.ForeignKey("resources.Host", on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey(
-        "resources.GPU", on_delete=models.SET_NULL, null=True, blank=True, related_name="allocations"
+        "resources.GPU",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="allocations",
     )
     slot = models.PositiveIntegerField(help_text="Slot index on the host (GPU index on GPU hosts).")
     worker_id = models.CharField(max_length=200, blank=True)
@@ -166,6 +168,9 @@ class JobMetric(models.Model):
         ordering = ["ts", "id"]
         indexes = [models.Index(fields=["job", "kind", "ts"])]
 
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind} epoch {self.epoch} it {self.iteration}"
+
 
 class JobEvent(models.Model):
     """An event a user wants to see on the job page: allocation change, worker join/leave,
@@ -181,3 +186,6 @@ class JobEvent(models.Model):
     class Meta:
         ordering = ["ts", "id"]
         indexes = [models.Index(fields=["job", "ts"])]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.type}"

@@ -20,7 +20,9 @@ _client: redis.Redis | None = None
 def redis_client() -> redis.Redis:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5)
+        _client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5
+        )
     return _client
 
 
@@ -32,6 +34,8 @@ def wake_scheduler(reason: str, **data: object) -> None:
         try:
             redis_client().publish(WAKE_CHANNEL, message)
         except redis.RedisError as exc:
-            log.warning("could not wake the scheduler (%s): %s; its timer will catch up", reason, exc)
+            log.warning(
+                "could not wake the scheduler (%s): %s; its timer will catch up", reason, exc
+            )
 
     transaction.on_commit(publish)

@@ -19,8 +19,18 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The runtime and the host agent own these; a user may not override them.
 RESERVED_ENV = frozenset(
     {
-        "DATABASE_URL", "REDIS_URL", "SECRET_KEY", "CUDA_VISIBLE_DEVICES", "EDT_ROLE", "EDT_JOB_ID",
-        "EDT_DRIVER_ADDR", "EDT_WORKER_ID", "DLI_EXECID", "RESULT_DIR", "LOG_DIR", "FABRIC_HOME",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "SECRET_KEY",
+        "CUDA_VISIBLE_DEVICES",
+        "EDT_ROLE",
+        "EDT_JOB_ID",
+        "EDT_DRIVER_ADDR",
+        "EDT_WORKER_ID",
+        "DLI_EXECID",
+        "RESULT_DIR",
+        "LOG_DIR",
+        "FABRIC_HOME",
     }
 )
 
@@ -41,9 +51,13 @@ def validate_env_vars(env_vars: object) -> dict[str, str]:
     clean: dict[str, str] = {}
     for name, value in env_vars.items():
         if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise ValidationError({"env_vars": f"'{name}' is not a valid environment variable name."})
+            raise ValidationError(
+                {"env_vars": f"'{name}' is not a valid environment variable name."}
+            )
         if name in RESERVED_ENV:
-            raise ValidationError({"env_vars": f"'{name}' is set by the system and cannot be overridden."})
+            raise ValidationError(
+                {"env_vars": f"'{name}' is set by the system and cannot be overridden."}
+            )
         if not isinstance(value, str | int | float | bool):
             raise ValidationError({"env_vars": f"The value of '{name}' must be a string."})
         clean[name] = str(value)
@@ -59,7 +73,9 @@ def validate_max_workers(max_workers: object, field: str = "max_workers") -> int
     return max_workers
 
 
-def record_event(job: TrainingJob, type: str, message: str = "", source: str = "", **data) -> JobEvent:
+def record_event(
+    job: TrainingJob, type: str, message: str = "", source: str = "", **data
+) -> JobEvent:
     return JobEvent.objects.create(job=job, type=type, source=source, message=message, data=data)
 
 
@@ -104,7 +120,9 @@ def job_submit(
         job.result_dir = str(Path(settings.EDT_RESULT_ROOT) / f"job-{job.pk}")
         job.save(update_fields=["result_dir"])
         job.transition(states.PENDING)
-        record_event(job, "job.submitted", f"Submitted with max {max_workers} workers", source="console")
+        record_event(
+            job, "job.submitted", f"Submitted with max {max_workers} workers", source="console"
+        )
         wake_scheduler("job.submitted", job=job.pk)
     return job
 
@@ -119,7 +137,9 @@ def job_set_priority(*, job: TrainingJob, priority: int, user) -> TrainingJob:
     with transaction.atomic():
         job.priority = priority
         job.save(update_fields=["priority"])
-        record_event(job, "job.priority", f"Priority {old} -> {priority}", source=user.get_username())
+        record_event(
+            job, "job.priority", f"Priority {old} -> {priority}", source=user.get_username()
+        )
         if not job.is_terminal:
             wake_scheduler("job.priority", job=job.pk)
     return job
@@ -163,9 +183,10 @@ def job_kill(*, job: TrainingJob, user, reason: str = "") -> TrainingJob:
     with transaction.atomic():
         job.refresh_from_db()
         message = reason or f"Stopped by {user.get_username()}"
-        if job.state in (states.SUBMITTED, states.PENDING) and not job.allocations.filter(
-            released_at__isnull=True
-        ).exists():
+        if (
+            job.state in (states.SUBMITTED, states.PENDING)
+            and not job.allocations.filter(released_at__isnull=True).exists()
+        ):
             job.transition(states.KILLED, error=message)
         else:
             job.stop_requested_at = timezone.now()

@@ -95,8 +95,10 @@ def model_create(
     )
 
 
-def model_create_from_archive(*, owner, name: str, archive: BinaryIO, dataset, **fields) -> ModelDefinition:
-    """Unpack an uploaded model folder (zip or tar.gz) under the first model root and register it."""
+def model_create_from_archive(
+    *, owner, name: str, archive: BinaryIO, dataset, **fields
+) -> ModelDefinition:
+    """Unpack an uploaded model folder (zip or tar.gz) under the first model root; register it."""
     dest = settings.EDT_MODEL_ROOTS[0] / "uploads" / uuid.uuid4().hex
     try:
         extract_archive(archive, dest)

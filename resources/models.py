@@ -15,7 +15,9 @@ class Host(models.Model):
         CLOSED = "CLOSED", "Closed"
 
     name = models.CharField(max_length=200, unique=True)
-    address = models.CharField(max_length=255, blank=True, help_text="Host name or IP other hosts reach it by.")
+    address = models.CharField(
+        max_length=255, blank=True, help_text="Host name or IP other hosts reach it by."
+    )
     cpu_slots = models.PositiveIntegerField(
         default=0, help_text="Slots offered when the host has no GPU (CPU training)."
     )

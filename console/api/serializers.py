@@ -30,18 +30,37 @@ class HostSerializer(serializers.ModelSerializer):
 
 class ResourceGroupSerializer(serializers.ModelSerializer):
     slot_formula = serializers.CharField(read_only=True)
-    hosts = serializers.PrimaryKeyRelatedField(many=True, queryset=Host.objects.all(), required=False)
+    hosts = serializers.PrimaryKeyRelatedField(
+        many=True, queryset=Host.objects.all(), required=False
+    )
 
     class Meta:
         model = ResourceGroup
-        fields = ["id", "name", "slots_mode", "static_slots", "slot_formula", "selection", "hosts", "created"]
+        fields = [
+            "id",
+            "name",
+            "slots_mode",
+            "static_slots",
+            "slot_formula",
+            "selection",
+            "hosts",
+            "created",
+        ]
         read_only_fields = ["created"]
 
 
 class InstanceGroupSerializer(serializers.ModelSerializer):
     class Meta:
         model = InstanceGroup
-        fields = ["id", "name", "resource_group", "policy", "preemption", "reclaim_grace_s", "created"]
+        fields = [
+            "id",
+            "name",
+            "resource_group",
+            "policy",
+            "preemption",
+            "reclaim_grace_s",
+            "created",
+        ]
         read_only_fields = ["created"]
 
 
@@ -50,7 +69,17 @@ class DatasetSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Dataset
-        fields = ["id", "name", "type", "description", "train_path", "test_path", "uploaded", "owner", "created"]
+        fields = [
+            "id",
+            "name",
+            "type",
+            "description",
+            "train_path",
+            "test_path",
+            "uploaded",
+            "owner",
+            "created",
+        ]
         read_only_fields = ["uploaded", "created"]
 
 
@@ -67,8 +96,17 @@ class ModelDefinitionSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelDefinition
         fields = [
-            "id", "name", "description", "framework", "location", "main_file", "engine",
-            "dataset", "hyper_parameters", "owner", "created",
+            "id",
+            "name",
+            "description",
+            "framework",
+            "location",
+            "main_file",
+            "engine",
+            "dataset",
+            "hyper_parameters",
+            "owner",
+            "created",
         ]
         read_only_fields = ["created"]
 
@@ -87,10 +125,32 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = TrainingJob
         fields = [
-            "id", "name", "state", "wmla_state", "priority", "max_workers", "devices_per_worker",
-            "workers", "target_workers", "model", "dataset", "instance_group", "owner",
-            "created", "started", "finished", "epoch", "epochs", "iteration", "env_vars", "args",
-            "hyper_parameters", "result_dir", "error", "restarts", "max_restarts",
+            "id",
+            "name",
+            "state",
+            "wmla_state",
+            "priority",
+            "max_workers",
+            "devices_per_worker",
+            "workers",
+            "target_workers",
+            "model",
+            "dataset",
+            "instance_group",
+            "owner",
+            "created",
+            "started",
+            "finished",
+            "epoch",
+            "epochs",
+            "iteration",
+            "env_vars",
+            "args",
+            "hyper_parameters",
+            "result_dir",
+            "error",
+            "restarts",
+            "max_restarts",
             "stop_requested_at",
         ]
         read_only_fields = fields
@@ -109,8 +169,12 @@ class JobSubmitSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     max_workers = serializers.IntegerField(min_value=1)
     devices_per_worker = serializers.IntegerField(min_value=1, default=1)
-    priority = serializers.IntegerField(min_value=PRIORITY_MIN, max_value=PRIORITY_MAX, default=5000)
-    env_vars = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    priority = serializers.IntegerField(
+        min_value=PRIORITY_MIN, max_value=PRIORITY_MAX, default=5000
+    )
+    env_vars = serializers.DictField(
+        child=serializers.CharField(allow_blank=True), required=False, default=dict
+    )
     args = serializers.CharField(required=False, allow_blank=True, default="")
     hyper_parameters = serializers.DictField(required=False, default=dict)
 
@@ -137,8 +201,16 @@ class SlotAllocationSerializer(serializers.ModelSerializer):
     class Meta:
         model = SlotAllocation
         fields = [
-            "id", "job", "host", "gpu", "slot", "worker_id", "granted_at",
-            "reclaim_requested_at", "released_at", "release_reason",
+            "id",
+            "job",
+            "host",
+            "gpu",
+            "slot",
+            "worker_id",
+            "granted_at",
+            "reclaim_requested_at",
+            "released_at",
+            "release_reason",
         ]
         read_only_fields = fields
 

@@ -147,7 +147,9 @@ class JobViewSet(
     search_fields = ["name"]
 
     def get_queryset(self):
-        return TrainingJob.objects.visible_to(self.request.user).with_workers().select_related("owner")
+        return (
+            TrainingJob.objects.visible_to(self.request.user).with_workers().select_related("owner")
+        )
 
     @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer})
     def create(self, request):
@@ -163,7 +165,12 @@ class JobViewSet(
         job = self.get_object()
         form = s.JobPrioritySerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        _service(job_services.job_set_priority, job=job, priority=form.validated_data["priority"], user=request.user)
+        _service(
+            job_services.job_set_priority,
+            job=job,
+            priority=form.validated_data["priority"],
+            user=request.user,
+        )
         return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
     def destroy(self, request, pk=None):
@@ -181,7 +188,10 @@ class JobViewSet(
     def kill(self, request, pk=None):
         """Stop the job: cooperative, workers leave at the next iteration boundary."""
         job = _service(job_services.job_kill, job=self.get_object(), user=request.user)
-        return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_202_ACCEPTED)
+        return Response(
+            s.JobSerializer(self.get_queryset().get(pk=job.pk)).data,
+            status=status.HTTP_202_ACCEPTED,
+        )
 
     @extend_schema(request=s.JobReorderSerializer, responses={200: s.JobSerializer(many=True)})
     @action(detail=False, methods=["post"])
@@ -189,14 +199,18 @@ class JobViewSet(
         """Reassign priorities so they follow the given order of job ids (first = highest)."""
         form = s.JobReorderSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        jobs = _service(job_services.jobs_reorder, user=request.user, job_ids=form.validated_data["order"])
+        jobs = _service(
+            job_services.jobs_reorder, user=request.user, job_ids=form.validated_data["order"]
+        )
         return Response(s.JobSerializer(jobs, many=True).data)
 
     @extend_schema(responses={200: s.SlotAllocationSerializer(many=True)})
     @action(detail=True, methods=["get"])
     def allocations(self, request, pk=None):
         """The job's slot history: every grant and release."""
-        rows = self.get_object().allocations.select_related("host", "gpu").order_by("granted_at", "id")
+        rows = (
+            self.get_object().allocations.select_related("host", "gpu").order_by("granted_at", "id")
+        )
         return self._paged(rows, s.SlotAllocationSerializer)
 
     @extend_schema(responses={200: s.JobMetricSerializer(many=True)})

@@ -1,0 +1,258 @@
+"""The /api/v1 endpoints as the owner, another user, an admin and an anonymous caller."""
+
+import io
+import zipfile
+
+import pytest
+from django.core.management import call_command
+
+from datasets.models import Dataset
+from jobs import states
+from jobs.models import SlotAllocation, TrainingJob
+from models.models import ModelDefinition
+from resources.models import InstanceGroup
+
+pytestmark = pytest.mark.django_db
+
+OWNED = [
+    ("datasets", "dataset"),
+    ("models", "model_def"),
+    ("jobs", "job"),
+]
+
+
+@pytest.mark.parametrize("collection, fixture", OWNED)
+def test_the_owner_sees_their_objects(api, owner, request, collection, fixture):
+    obj = request.getfixturevalue(fixture)
+    client = api(owner)
+    listing = client.get(f"/api/v1/{collection}/")
+    assert listing.status_code == 200
+    assert [row["id"] for row in listing.json()["results"]] == [obj.pk]
+    assert client.get(f"/api/v1/{collection}/{obj.pk}/").status_code == 200
+
+
+@pytest.mark.parametrize("collection, fixture", OWNED)
+def test_another_user_sees_nothing(api, other, request, collection, fixture):
+    obj = request.getfixturevalue(fixture)
+    client = api(other)
+    assert client.get(f"/api/v1/{collection}/").json()["results"] == []
+    assert client.get(f"/api/v1/{collection}/{obj.pk}/").status_code == 404
+    assert client.patch(f"/api/v1/{collection}/{obj.pk}/", {}, format="json").status_code == 404
+    assert client.delete(f"/api/v1/{collection}/{obj.pk}/").status_code == 404
+
+
+@pytest.mark.parametrize("collection, fixture", OWNED)
+def test_an_admin_sees_everything(api, admin, request, collection, fixture):
+    obj = request.getfixturevalue(fixture)
+    client = api(admin)
+    assert [row["id"] for row in client.get(f"/api/v1/{collection}/").json()["results"]] == [obj.pk]
+
+
+@pytest.mark.parametrize(
+    "url", ["datasets", "models", "jobs", "hosts", "resource-groups", "instance-groups", "me"]
+)
+def test_anonymous_callers_are_refused(api, url):
+    assert api(None).get(f"/api/v1/{url}/").status_code in (401, 403)
+
+
+def test_only_admins_manage_the_cluster(api, owner, admin, cluster):
+    rg = cluster["resource_group"].pk
+    body = {"name": "ig2", "resource_group": rg, "policy": "priority", "preemption": False}
+    assert api(owner).post("/api/v1/instance-groups/", body, format="json").status_code == 403
+    assert api(owner).get("/api/v1/instance-groups/").status_code == 200
+    created = api(admin).post("/api/v1/instance-groups/", body, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["reclaim_grace_s"] == 120
+
+
+def test_an_unknown_policy_is_a_400_naming_the_field(api, admin, cluster):
+    rg = cluster["resource_group"].pk
+    body = {"name": "ig3", "resource_group": rg, "policy": "lottery"}
+    response = api(admin).post("/api/v1/instance-groups/", body, format="json")
+    assert response.status_code == 400
+    assert "policy" in response.json()
+    assert not InstanceGroup.objects.filter(name="ig3").exists()
+
+
+def test_a_dataset_is_created_from_folders(api, owner, roots):
+    body = {"name": "cifar10EDTpytorch", "train_path": "cifar/train_db", "test_path": "cifar/test_db"}
+    response = api(owner).post("/api/v1/datasets/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["type"] == "Any"
+    assert response.json()["owner"] == "alice"
+
+
+def test_a_dataset_path_outside_the_roots_is_refused(api, owner, roots):
+    body = {"name": "x", "train_path": "/etc", "test_path": "cifar/../../../etc"}
+    response = api(owner).post("/api/v1/datasets/", body, format="json")
+    assert response.status_code == 400
+    assert set(response.json()) == {"train_path", "test_path"}
+    assert Dataset.objects.count() == 0
+
+
+def test_a_dataset_is_uploaded_as_an_archive(api, owner, roots):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        archive.writestr("train/a.txt", "1")
+        archive.writestr("test/b.txt", "2")
+    buf.seek(0)
+    buf.name = "data.zip"
+    response = api(owner).post("/api/v1/datasets/upload/", {"name": "up", "archive": buf})
+    assert response.status_code == 201, response.json()
+    assert response.json()["uploaded"] is True
+
+
+def test_a_model_is_registered(api, owner, dataset, roots):
+    body = {"name": "m1", "location": "resnet", "dataset": dataset.pk,
+            "hyper_parameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.01}}
+    response = api(owner).post("/api/v1/models/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["engine"] == "edt"
+
+
+def test_a_model_cannot_use_another_users_dataset(api, other, dataset, roots):
+    body = {"name": "m1", "location": "resnet", "dataset": dataset.pk}
+    response = api(other).post("/api/v1/models/", body, format="json")
+    assert response.status_code == 400
+    assert "dataset" in response.json()
+    assert ModelDefinition.objects.count() == 0
+
+
+def test_train_submits_a_job(api, owner, model_def, cluster):
+    body = {"model": model_def.pk, "instance_group": cluster["instance_group"].pk, "max_workers": 8}
+    response = api(owner).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    job = response.json()
+    for field in ("id", "name", "state", "priority", "max_workers", "workers", "model", "dataset",
+                  "instance_group", "created", "started", "finished", "epoch", "epochs"):
+        assert field in job
+    assert (job["state"], job["priority"], job["max_workers"], job["workers"]) == ("PENDING", 5000, 8, 0)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"max_workers": 0}, "max_workers"),
+        ({"max_workers": -3}, "max_workers"),
+        ({"max_workers": 100000}, "max_workers"),
+        ({"priority": 10001}, "priority"),
+        ({"env_vars": {"BAD-NAME": "1"}}, "env_vars"),
+        ({"model": 999999}, "model"),
+    ],
+)
+def test_bad_job_requests_name_the_field_and_store_nothing(api, owner, model_def, cluster, change, field):
+    body = {"model": model_def.pk, "instance_group": cluster["instance_group"].pk,
+            "max_workers": 2, **change}
+    response = api(owner).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400
+    assert field in response.json()
+    assert TrainingJob.objects.count() == 0
+
+
+def test_a_user_cannot_train_another_users_model(api, other, model_def, cluster):
+    body = {"model": model_def.pk, "instance_group": cluster["instance_group"].pk, "max_workers": 1}
+    response = api(other).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400
+    assert "model" in response.json()
+
+
+def test_patch_changes_the_priority(api, owner, job):
+    response = api(owner).patch(f"/api/v1/jobs/{job.pk}/", {"priority": 10000}, format="json")
+    assert response.status_code == 200
+    assert response.json()["priority"] == 10000
+
+
+@pytest.mark.parametrize("priority", [0, 10001, "high", None])
+def test_patch_refuses_a_bad_priority(api, owner, job, priority):
+    response = api(owner).patch(f"/api/v1/jobs/{job.pk}/", {"priority": priority}, format="json")
+    assert response.status_code == 400
+    assert "priority" in response.json()
+    job.refresh_from_db()
+    assert job.priority == 5000
+
+
+def test_kill_stops_a_pending_job(api, owner, job):
+    response = api(owner).post(f"/api/v1/jobs/{job.pk}/kill/")
+    assert response.status_code == 202
+    assert response.json()["state"] == "KILLED"
+    again = api(owner).post(f"/api/v1/jobs/{job.pk}/kill/")
+    assert again.status_code == 400
+    assert "state" in again.json()
+
+
+def test_a_running_job_cannot_be_deleted(api, owner, job):
+    job.transition(states.RUNNING)
+    assert api(owner).delete(f"/api/v1/jobs/{job.pk}/").status_code == 409
+    assert TrainingJob.objects.filter(pk=job.pk).exists()
+
+
+def test_allocations_are_the_slot_history(api, owner, job, cluster):
+    host = cluster["hosts"][0]
+    SlotAllocation.objects.create(job=job, host=host, slot=0, worker_id="host1-slot0")
+    SlotAllocation.objects.create(job=job, host=host, slot=1, released_at="2026-01-01T00:00:00Z")
+    rows = api(owner).get(f"/api/v1/jobs/{job.pk}/allocations/").json()["results"]
+    assert [(r["host"], r["slot"], r["released_at"] is None) for r in rows] == [
+        ("host1", 0, True), ("host1", 1, False),
+    ]
+    assert api(owner).get(f"/api/v1/jobs/{job.pk}/").json()["workers"] == 1
+
+
+def test_reorder_assigns_priorities_in_order(api, owner, model_def, cluster):
+    ig = cluster["instance_group"].pk
+    ids = [
+        api(owner).post("/api/v1/jobs/", {"model": model_def.pk, "instance_group": ig,
+                                          "max_workers": 8}, format="json").json()["id"]
+        for _ in range(2)
+    ]
+    response = api(owner).post("/api/v1/jobs/reorder/", {"order": ids[::-1]}, format="json")
+    assert response.status_code == 200
+    first, second = response.json()
+    assert first["id"] == ids[1] and first["priority"] > second["priority"]
+
+
+def test_a_token_is_issued_for_a_username_and_password(owner, job):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    response = client.post("/api/v1/auth/token/", {"username": "alice", "password": "alice-pass-1234"})
+    assert response.status_code == 200
+    token = response.json()["token"]
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    assert [row["id"] for row in client.get("/api/v1/jobs/").json()["results"]] == [job.pk]
+
+
+def test_a_wrong_password_gets_no_token(owner):
+    from rest_framework.test import APIClient
+
+    response = APIClient().post("/api/v1/auth/token/", {"username": "alice", "password": "nope"})
+    assert response.status_code in (401, 403)
+    assert "token" not in response.json()
+
+
+def test_session_writes_need_the_csrf_token(owner, model_def, cluster):
+    from rest_framework.test import APIClient
+
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(owner)
+    body = {"model": model_def.pk, "instance_group": cluster["instance_group"].pk, "max_workers": 1}
+    response = client.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 403
+    assert "CSRF" in response.json()["detail"]
+
+
+def test_the_openapi_schema_is_served_and_valid(api, owner, tmp_path):
+    response = api(owner).get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    for path in ("/api/v1/jobs/", "/api/v1/jobs/{id}/", "/api/v1/jobs/{id}/kill/",
+                 "/api/v1/jobs/{id}/allocations/", "/api/v1/auth/token/"):
+        assert path in paths
+    # drf-spectacular validates the generated document against the OpenAPI 3 meta-schema.
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "s.yml"))
+    assert (tmp_path / "s.yml").stat().st_size > 1000
+
+
+def test_swagger_ui_works_offline(api, owner):
+    response = api(owner).get("/api/docs/")
+    assert response.status_code == 200
+    assert b"/static/drf_spectacular_sidecar/" in response.content
