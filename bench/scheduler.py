@@ -1,0 +1,146 @@
+"""Benchmark of the elastic scheduler.
+
+Part 1, ``allocate()``: the pure policy, for 100 / 1,000 / 10,000 jobs on 10 / 100 /
+1,000 hosts of 8 slots, each policy, with preemption on. Two cases per size:
+  cold - no job holds slots yet (everything is placed from scratch);
+  warm - the jobs hold the cold decision's placement, then 1% finish, 1% arrive and
+         1% change priority: the typical event the service reacts to.
+Each timing is the median of several runs, in milliseconds.
+
+Part 2, one service cycle against the database for 1,000 jobs: ``service_cycle_ms()``.
+
+Run: .venv/bin/python bench/scheduler.py   (prints a table; the last line is one JSON object)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jobs.scheduler import POLICIES, JobDemand, allocate  # noqa: E402
+
+JOB_COUNTS = (100, 1_000, 10_000)
+HOST_COUNTS = (10, 100, 1_000)
+SLOTS_PER_HOST = 8
+PRIORITIES = (5000,) * 6 + (1000, 2500, 7500, 10000)
+
+
+def make_jobs(n_jobs: int, rng: random.Random) -> list[JobDemand]:
+    return [
+        JobDemand(
+            job_id=i,
+            priority=rng.choice(PRIORITIES),
+            max_workers=rng.randint(1, 16),
+            submitted=float(i),
+        )
+        for i in range(n_jobs)
+    ]
+
+
+def next_event(jobs: list[JobDemand], decision, rng: random.Random) -> list[JobDemand]:
+    """The jobs after a cycle: running on the decision's placement, with 1% churn."""
+    n = len(jobs)
+    k = max(1, n // 100)
+    finished = set(rng.sample(range(n), k))
+    reprioritised = set(rng.sample(range(n), k))
+    out = []
+    for i, job in enumerate(jobs):
+        if i in finished:
+            continue
+        placement = decision.placements[job.job_id]
+        out.append(
+            JobDemand(
+                job_id=job.job_id,
+                priority=rng.choice(PRIORITIES) if i in reprioritised else job.priority,
+                max_workers=job.max_workers,
+                submitted=job.submitted,
+                placement=placement,
+                running=bool(placement),
+            )
+        )
+    for j in range(k):
+        out.append(
+            JobDemand(
+                job_id=n + j,
+                priority=rng.choice(PRIORITIES),
+                max_workers=rng.randint(1, 16),
+                submitted=float(n + j),
+            )
+        )
+    return out
+
+
+def time_ms(fn, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(samples)
+
+
+def bench_allocate() -> dict[str, float]:
+    results: dict[str, float] = {}
+    for n_jobs in JOB_COUNTS:
+        for n_hosts in HOST_COUNTS:
+            rng = random.Random(n_jobs * 7919 + n_hosts)
+            hosts = {f"host{h:04d}": SLOTS_PER_HOST for h in range(n_hosts)}
+            jobs = make_jobs(n_jobs, rng)
+            repeats = 11 if n_jobs >= 10_000 else 21
+            for policy in POLICIES:
+                cold = allocate(hosts, jobs, policy)
+                warm_jobs = next_event(jobs, cold, rng)
+                for case, case_jobs in (("cold", jobs), ("warm", warm_jobs)):
+                    results[f"{policy}_{case}_{n_jobs}x{n_hosts}"] = time_ms(
+                        partial(allocate, hosts, case_jobs, policy), repeats
+                    )
+    return results
+
+
+def service_cycle_ms(n_jobs: int) -> float | None:
+    """One scheduler service cycle with the database for ``n_jobs`` jobs, in ms.
+
+    Hook for the scheduler service agent: the service part of this benchmark (read the
+    jobs from the database, call allocate(), record the decision) is added with the
+    service. Until then there is nothing to time, and the JSON reports null.
+    """
+    return None
+
+
+def main() -> None:
+    results = bench_allocate()
+    print(f"allocate() median ms, preemption on, hosts of {SLOTS_PER_HOST} slots")
+    header = f"{'jobs x hosts':>14} " + " ".join(
+        f"{p + ' ' + case:>16}" for p in POLICIES for case in ("cold", "warm")
+    )
+    print(header)
+    for n_jobs in JOB_COUNTS:
+        for n_hosts in HOST_COUNTS:
+            size = f"{n_jobs}x{n_hosts}"
+            cells = " ".join(
+                f"{results[f'{p}_{case}_{size}']:>16.2f}"
+                for p in POLICIES
+                for case in ("cold", "warm")
+            )
+            print(f"{size:>14} {cells}")
+    worst = max(v for k, v in results.items() if k.endswith("_10000x1000"))
+    cycle = service_cycle_ms(1_000)
+    print(f"worst allocate() at 10000 jobs x 1000 hosts: {worst:.2f} ms (target < 50 ms)")
+    print(f"service cycle, 1000 jobs: {'not measured yet' if cycle is None else f'{cycle:.1f} ms'}")
+    summary = {
+        "allocate_ms_10000x1000": round(worst, 3),
+        "service_cycle_ms_1000": None if cycle is None else round(cycle, 3),
+        "allocate_ms": {k: round(v, 3) for k, v in results.items()},
+    }
+    print(json.dumps(summary, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
