@@ -7,5 +7,6 @@ urlpatterns = [
     path("api/v1/", include("console.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("", include("console.wmla.urls")),
     path("", include("console.urls")),
 ]

@@ -1,0 +1,1 @@
+"""Command-line clients. Nothing here may import Django: they run on laptops without it."""

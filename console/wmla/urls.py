@@ -1,0 +1,35 @@
+"""WMLA's URL layout: logon at ``/auth/v1`` (and Conductor's ``/platform/rest/conductor/v1``),
+the deep-learning API at ``/platform/rest/deeplearning/v1``. Trailing slashes are optional, as
+dlicmd posts to ``/execs/``."""
+
+from django.urls import re_path
+
+from console.wmla import views
+
+DL = r"^platform/rest/deeplearning/v1"
+EXEC = DL + r"/execs/(?P<exec_ref>[^/]+)"
+
+urlpatterns = [
+    re_path(r"^auth/v1/logon/?$", views.LogonView.as_view(), name="wmla-logon"),
+    re_path(r"^auth/v1/logoff/?$", views.LogoffView.as_view(), name="wmla-logoff"),
+    re_path(
+        r"^platform/rest/conductor/v1/auth/logon/?$",
+        views.LogonView.as_view(),
+        name="wmla-conductor-logon",
+    ),
+    re_path(
+        r"^platform/rest/conductor/v1/auth/logoff/?$",
+        views.LogoffView.as_view(),
+        name="wmla-conductor-logoff",
+    ),
+    re_path(DL + r"/execs/?$", views.ExecListView.as_view(), name="wmla-execs"),
+    re_path(DL + r"/execs/frameworks/?$", views.FrameworksView.as_view(), name="wmla-frameworks"),
+    re_path(EXEC + r"/?$", views.ExecDetailView.as_view(), name="wmla-exec"),
+    re_path(EXEC + r"/stop/?$", views.ExecStopView.as_view(), name="wmla-exec-stop"),
+    re_path(EXEC + r"/priority/?$", views.ExecPriorityView.as_view(), name="wmla-exec-priority"),
+    re_path(EXEC + r"/log/?$", views.ExecLogView.as_view(), name="wmla-exec-log"),
+    re_path(EXEC + r"/result/?$", views.ExecResultView.as_view(), name="wmla-exec-result"),
+    re_path(DL + r"/conf/?$", views.ConfView.as_view(), name="wmla-conf"),
+    re_path(DL + r"/status/?$", views.StatusView.as_view(), name="wmla-status"),
+    re_path(r"^ui/tools/dlicmd\.py$", views.cli_source, name="wmla-cli-download"),
+]

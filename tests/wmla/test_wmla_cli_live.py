@@ -1,0 +1,132 @@
+"""``python dlicmd.py`` against a live server, as a separate process (it must not need Django):
+logon with only the host name and port (https is tried first, then http, as WMLA's dlicmd does),
+frameworks, submit a model folder, get, list, priority, watch, logs, result, stop, delete,
+logoff."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from django.conf import settings
+
+from jobs.models import TrainingJob
+
+DLICMD = str(Path(settings.BASE_DIR) / "dlicmd.py")
+
+
+@pytest.fixture
+def dlicmd(transactional_db, live_server, roots, owner, cluster, dataset, tmp_path):
+    url = urlparse(live_server.url)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "DLICMD_TOKEN_FILE": str(home / ".dlicmd"), "HOME": str(home)}
+    # Run it as a user would on a laptop: no Django settings in its environment.
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    connection = ["--rest-host", url.hostname, "--rest-port", str(url.port)]
+
+    def run(*args: str, connect: bool = True, check: bool = True):
+        # Where to connect goes before ``-- script args``, which reach the script unchanged.
+        cut = args.index("--") if "--" in args else len(args)
+        extra = connection if connect else []
+        argv = [sys.executable, DLICMD, *args[:cut], *extra, *args[cut:]]
+        done = subprocess.run(  # noqa: S603
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        if check:
+            assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done
+
+    run.token_file = home / ".dlicmd"  # type: ignore[attr-defined]
+    run.cwd = tmp_path  # type: ignore[attr-defined]
+    return run
+
+
+def test_the_cli_drives_an_exec_end_to_end(dlicmd, wmla_model_dir):
+    logon = dlicmd("--logon", "--username", "alice", "--password", "alice-pass-1234")
+    assert "Logged on" in logon.stdout
+    assert oct(dlicmd.token_file.stat().st_mode & 0o777) == "0o600"
+
+    frameworks = dlicmd("--dl-frameworks", "-o", "json")
+    assert [f["name"] for f in json.loads(frameworks.stdout)] == ["edtPyTorch"]
+
+    started = dlicmd(
+        "--exec-start", "edtPyTorch", "--ig", "sig-elastic", "--model-dir", str(wmla_model_dir),
+        "--model-main", "main.py", "--cs-datastore-meta", "type=fs,data_path=cifar10EDTpytorch",
+        "--numWorker", "2", "--msd-priority", "6000", "--msd-env", "EDT_PULL_FAILED_LIMITS=3",
+        "--", "--epochs", "1",
+    )
+    ids = json.loads(started.stdout)
+    assert set(ids) == {"execId", "appId"}
+    exec_id = ids["execId"]
+    job = TrainingJob.objects.get(pk=int(exec_id.rsplit("-", 1)[1]))
+    assert (job.max_workers, job.priority, job.args) == (2, 6000, "--epochs 1")
+    assert job.env_vars == {"EDT_PULL_FAILED_LIMITS": "3"}
+    # The server got the args string WMLA's dlicmd would send: no connection options, the
+    # model folder by name only.
+    args = job.wmla_exec.args
+    assert "--rest-host" not in args and "--model-dir edt-linear " in args
+
+    got = json.loads(dlicmd("--exec-get", exec_id).stdout)
+    assert got["state"] == "PENDING_CRD_SCHEDULER" and got["priority"] == 6000
+    table = dlicmd("--exec-get-all").stdout
+    assert exec_id in table and "ELASTIC" in table
+    listed = json.loads(dlicmd("--exec-get-all", "-o", "json", "--query-args",
+                               "state=PENDING_CRD_SCHEDULER&limit=5").stdout)
+    assert [e["id"] for e in listed] == [exec_id]
+
+    assert "is now 9000" in dlicmd("--exec-priority", exec_id, "9000").stdout
+    job.refresh_from_db()
+    assert job.priority == 9000
+
+    watch = dlicmd("--exec-watch", exec_id, "--interval", "0.2", "--watch-timeout", "0.5",
+                   check=False)
+    assert watch.returncode == 2, watch.stderr
+    assert "PENDING_CRD_SCHEDULER" in watch.stdout and "workers 0/2" in watch.stdout
+    assert "priority 9000" in watch.stdout
+
+    assert dlicmd("--exec-outlogs", exec_id).stdout == ""
+
+    # What the runtime leaves in the result folder, so the download has something to carry.
+    result_dir = Path(job.result_dir)
+    (result_dir / "model").mkdir(parents=True)
+    (result_dir / "model" / "model_epoch_final.pth").write_bytes(b"weights")
+    saved = dlicmd("--exec-trainresult", exec_id).stdout
+    assert saved.strip() == f"Train result is saved to {exec_id}-result.zip"
+    with zipfile.ZipFile(dlicmd.cwd / f"{exec_id}-result.zip") as archive:
+        assert archive.namelist() == ["model/model_epoch_final.pth"]
+
+    assert "succeed" in dlicmd("--exec-stop", exec_id).stdout
+    watch = dlicmd("--exec-watch", exec_id, "--interval", "0.2", check=False)
+    assert watch.returncode == 1 and "ended: KILLED" in watch.stdout
+    assert "succeed" in dlicmd("--exec-delete", exec_id).stdout
+    assert not TrainingJob.objects.filter(pk=job.pk).exists()
+
+    assert "Logged off" in dlicmd("--logoff").stdout
+    assert not dlicmd.token_file.exists()
+    after = dlicmd("--exec-get-all", check=False)
+    assert after.returncode == 1 and "log on first" in after.stderr
+
+
+def test_the_cli_reports_server_errors_clearly(dlicmd, wmla_model_dir):
+    dlicmd("--logon", "--username", "alice", "--password", "alice-pass-1234")
+    wrong = dlicmd("--exec-start", "tensorflow", "--ig", "sig-elastic", "--model-dir",
+                   str(wmla_model_dir), "--model-main", "main.py", check=False)
+    assert wrong.returncode == 1 and "supported: edtPyTorch" in wrong.stderr
+    missing = dlicmd("--exec-start", "edtPyTorch", "--model-dir", str(wmla_model_dir / "nope"),
+                     "--model-main", "main.py", check=False)
+    assert missing.returncode == 1 and "is not a folder" in missing.stderr
+    foreign = dlicmd("--exec-get", "mallory-999", check=False)
+    assert foreign.returncode == 1 and "HTTP:404" in foreign.stderr
+
+
+def test_a_wrong_password_is_refused_and_nothing_is_saved(dlicmd):
+    refused = dlicmd("--logon", "--username", "alice", "--password", "wrong", check=False)
+    assert refused.returncode == 1 and "Authentication error" in refused.stderr
+    assert not dlicmd.token_file.exists()

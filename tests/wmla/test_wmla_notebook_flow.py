@@ -1,0 +1,228 @@
+"""The REST flow of WMLA's EDT notebook, with ``requests`` against a live server, written as
+the notebook writes it: logon at Conductor's path, frameworks, tar the model folder, POST
+``/execs?sigName=...&args=...`` with Basic credentials, poll the state, read the log, download
+the result.
+
+The part that needs the scheduler and host agents (the job running to FINISHED) is the last,
+``slow`` test; it runs them as real processes and skips only when those commands are missing.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import requests
+from django.conf import settings
+from django.core.management import get_commands
+from django.db import connection
+
+from jobs.models import TrainingJob
+from resources.models import Host
+
+ACTIVE = {"SUBMITTED", "PENDING_CRD_SCHEDULER", "LAUNCHING", "RUNNING", "RECOVERING"}
+AUTH = ("alice", "alice-pass-1234")
+HEADERS = {"Accept": "application/json"}
+
+
+def make_tarfile(output_filename: str, source_dir: Path) -> None:
+    # The notebook's own helper.
+    with tarfile.open(output_filename, "w:gz") as tar:
+        tar.add(str(source_dir), arcname=os.path.basename(source_dir))
+
+
+def submit_like_the_notebook(dl_rest_url: str, model_dir: Path, args: str) -> requests.Response:
+    temp = tempfile.mktemp(".modelDir.tar")  # noqa: S306 - the notebook's code, kept as is
+    make_tarfile(temp, model_dir)
+    try:
+        with open(temp, "rb") as handle:
+            files = {"file": handle}
+            return requests.post(
+                dl_rest_url + "/execs?sigName=" + "sig-elastic" + "&args=" + args,
+                files=files, auth=AUTH, headers=HEADERS, timeout=30,
+            )
+    finally:
+        os.remove(temp)
+
+
+def poll_state(url: str, until: set[str], timeout: float, **auth) -> dict:
+    deadline = time.monotonic() + timeout
+    body: dict = {}
+    while time.monotonic() < deadline:
+        body = requests.get(url, headers=HEADERS, timeout=10, **auth).json()
+        if body.get("state") in until:
+            return body
+        time.sleep(0.5)
+    raise AssertionError(f"exec never reached {sorted(until)} in {timeout:g} s; last: {body}")
+
+
+NOTEBOOK_ARGS = (
+    "--exec-start edtPyTorch         --cs-datastore-meta type=fs,data_path=cifar10EDTpytorch"
+    "         --model-dir edt-linear         --edt-options maxWorkers=2"
+    "         --model-main main.py         "
+)
+
+
+@pytest.fixture
+def dl_rest_url(transactional_db, live_server, roots, owner, cluster, dataset) -> str:
+    return live_server.url + "/platform/rest/deeplearning/v1"
+
+
+def test_the_notebook_flow_submits_and_follows_an_exec(live_server, dl_rest_url, wmla_model_dir):
+    sc_rest_url = live_server.url + "/platform/rest/conductor/v1"
+    r = requests.get(sc_rest_url + "/auth/logon", auth=AUTH, headers=HEADERS, timeout=10)
+    assert r.ok, r.content
+
+    frameworks = requests.get(dl_rest_url + "/execs/frameworks", auth=AUTH, headers=HEADERS,
+                              timeout=10).json()
+    assert "edtPyTorch" in [f["name"] for f in frameworks]
+
+    r = submit_like_the_notebook(dl_rest_url, wmla_model_dir, NOTEBOOK_ARGS)
+    assert r.ok, r.content
+    exec_id, sig_id, driver_id = r.json()["id"], r.json()["sigId"], r.json()["submissionId"]
+    assert exec_id.startswith("alice-") and sig_id and driver_id.startswith("driver-")
+
+    body = poll_state(dl_rest_url + "/execs/" + exec_id, ACTIVE, 10, auth=AUTH)
+    assert body["numWorker"] == 2 and body["framework"] == "edtPyTorch"
+    job = TrainingJob.objects.get(pk=body["jobId"])
+    assert (Path(job.model.location) / "main.py").read_text().startswith("import os")
+
+    # Before the job has run, its log is an empty JSON string and its result a clear 404.
+    log = requests.get(dl_rest_url + "/execs/" + exec_id + "/log", auth=AUTH, headers=HEADERS,
+                       timeout=10)
+    assert log.ok and log.json() == ""
+    result = requests.get(dl_rest_url + "/execs/" + exec_id + "/result", auth=AUTH, timeout=10)
+    assert result.status_code == 404 and "no results yet" in result.json()["detail"]
+
+    listed = requests.get(dl_rest_url + "/execs?sort_by=id:desc&limit=10", auth=AUTH,
+                          headers=HEADERS, timeout=10).json()
+    assert [e["id"] for e in listed] == [exec_id]
+
+
+def test_the_token_flow_stops_and_deletes_an_exec(live_server, dl_rest_url, wmla_model_dir):
+    token = requests.get(live_server.url + "/auth/v1/logon", auth=AUTH, timeout=10).json()[
+        "accessToken"
+    ]
+    bearer = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    r = submit_like_the_notebook(dl_rest_url, wmla_model_dir, NOTEBOOK_ARGS)
+    exec_id = r.json()["id"]
+    stopped = requests.post(f"{dl_rest_url}/execs/{exec_id}/stop", headers=bearer, timeout=10)
+    assert stopped.ok and stopped.json()["state"] == "KILLED"
+    deleted = requests.delete(f"{dl_rest_url}/execs/{exec_id}", headers={"X-Auth-Token": token},
+                              timeout=10)
+    assert deleted.ok
+    gone = requests.get(f"{dl_rest_url}/execs/{exec_id}", headers=bearer, timeout=10)
+    assert gone.status_code == 404
+    assert requests.post(live_server.url + "/auth/v1/logoff", headers=bearer, timeout=10).ok
+    assert requests.get(f"{dl_rest_url}/execs", headers=bearer, timeout=10).status_code == 401
+
+
+def test_a_foreign_exec_is_a_404_over_http(live_server, dl_rest_url, wmla_model_dir, other):
+    exec_id = submit_like_the_notebook(dl_rest_url, wmla_model_dir, NOTEBOOK_ARGS).json()["id"]
+    r = requests.get(f"{dl_rest_url}/execs/{exec_id}", auth=("mallory", "mallory-pass-1234"),
+                     timeout=10)
+    assert r.status_code == 404
+
+
+# --- the whole run: needs the scheduler and a host agent ------------------------------------
+
+CLUSTER_COMMANDS = ("run_scheduler", "run_host_agent")
+AGENT_HOST = "wmla-flow-host"
+
+
+def _database_url_for_subprocesses() -> str | None:
+    db = connection.settings_dict
+    if db["ENGINE"] == "django.db.backends.postgresql":
+        user = db.get("USER") or "postgres"
+        password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+        return (f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:"
+                f"{db.get('PORT') or 5432}/{db['NAME']}")
+    name = str(db["NAME"])
+    if db["ENGINE"] == "django.db.backends.sqlite3" and "memory" not in name and name:
+        return f"sqlite:///{name}"
+    return None
+
+
+@pytest.fixture
+def cluster_processes(live_server, dl_rest_url, roots):
+    missing = [c for c in CLUSTER_COMMANDS if c not in get_commands()]
+    if missing:
+        pytest.skip(f"manage.py {', '.join(missing)} does not exist yet: nothing can run the job")
+    database_url = _database_url_for_subprocesses()
+    if database_url is None:
+        pytest.skip("the test database is in memory; set DATABASE_URL (PostgreSQL) so the "
+                    "scheduler and host agent processes can share it")
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": settings.REDIS_URL,
+        "EDT_DATA_ROOTS": ",".join(str(p) for p in settings.EDT_DATA_ROOTS),
+        "EDT_MODEL_ROOTS": ",".join(str(p) for p in settings.EDT_MODEL_ROOTS),
+        "EDT_RESULT_ROOT": str(settings.EDT_RESULT_ROOT),
+        "EDT_UPLOAD_ROOT": str(settings.EDT_UPLOAD_ROOT),
+        "EDT_CPU_SLOTS": "2",
+        "SECRET_KEY": settings.SECRET_KEY,
+    }
+    # The shared fixture's two hosts have no agent behind them: only the real agent's may hold
+    # slots here.
+    Host.objects.all().delete()
+    logs = roots["tmp"] / "cluster-logs"
+    logs.mkdir()
+    commands = {
+        "run_scheduler": ["run_scheduler", "--interval", "1"],
+        "run_host_agent": ["run_host_agent", "--name", AGENT_HOST, "--cpu-slots", "2",
+                           "--address", "127.0.0.1"],
+    }
+    if "run_events" in get_commands():
+        commands["run_events"] = ["run_events"]
+    procs = []
+    for name, argv in commands.items():
+        out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen(  # noqa: S603
+            [sys.executable, "manage.py", *argv], cwd=settings.BASE_DIR, env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        ), out))
+    yield logs
+    for proc, out in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        out.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_notebook_flow_runs_to_finished(
+    dl_rest_url, wmla_model_dir, cluster_processes, tmp_path
+):
+    r = submit_like_the_notebook(dl_rest_url, wmla_model_dir, NOTEBOOK_ARGS)
+    assert r.ok, r.content
+    exec_id = r.json()["id"]
+    try:
+        body = poll_state(dl_rest_url + "/execs/" + exec_id, {"FINISHED", "ERROR", "KILLED"},
+                          300, auth=AUTH)
+    except AssertionError:
+        tails = {p.name: p.read_text(errors="replace")[-3000:]
+                 for p in cluster_processes.iterdir()}
+        raise AssertionError(f"the exec did not end; process logs: {tails}") from None
+    assert body["state"] == "FINISHED", body
+    log = requests.get(f"{dl_rest_url}/execs/{exec_id}/log?logType=outerrlog", auth=AUTH,
+                       headers=HEADERS, timeout=10).json()
+    assert "end" in log
+    result = requests.get(f"{dl_rest_url}/execs/{exec_id}/result", auth=AUTH, timeout=60)
+    assert result.ok and "filename=" in result.headers["Content-Disposition"]
+    names = zipfile.ZipFile(io.BytesIO(result.content)).namelist()
+    assert any(n.startswith("model/") for n in names), names
