@@ -137,7 +137,13 @@ REDIS_URL = _redis_url()
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("EDT_CHANNEL_PREFIX", "edt")},
+        "CONFIG": {
+            # redis-py 8 defaults socket_timeout to 5 s, the same as channels-redis's blocking
+            # BZPOPMIN timeout: an idle consumer's read then times out and its WebSocket drops
+            # every ~5 s. A longer socket timeout lets the BZPOPMIN return first.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+            "prefix": os.environ.get("EDT_CHANNEL_PREFIX", "edt"),
+        },
     }
 }
 
@@ -196,6 +202,7 @@ EDT_HEARTBEAT_S = env_int("EDT_HEARTBEAT_S", 5)
 EDT_HOST_TIMEOUT_S = env_int("EDT_HOST_TIMEOUT_S", 20)
 EDT_SCHEDULER_INTERVAL_S = env_int("EDT_SCHEDULER_INTERVAL_S", 2)
 EDT_DEFAULT_MAX_RESTARTS = env_int("EDT_DEFAULT_MAX_RESTARTS", 5)
+EDT_WMLA_TOKEN_TTL_S = env_int("EDT_WMLA_TOKEN_TTL_S", 8 * 3600)  # WMLA's logon tokens: 8 h
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
