@@ -1,0 +1,22 @@
+"""WMLA's ``pth_parameter_mgr``: the hyper-parameters the job was submitted with.
+
+See :mod:`runtime.wmla` for where they come from (``EDT_HPARAMS`` / ``EDT_HPARAMS_FILE``).
+"""
+
+from runtime.wmla import (
+    getEpoch,
+    getLearningRate,
+    getOptimizer,
+    getTestData,
+    getTrainBatchSize,
+    getTrainData,
+)
+
+__all__ = [
+    "getEpoch",
+    "getLearningRate",
+    "getOptimizer",
+    "getTestData",
+    "getTrainBatchSize",
+    "getTrainData",
+]

@@ -1,0 +1,5 @@
+"""``from pyedt.fabric_model import FabricModel`` (WMLA's packaged name)."""
+
+from runtime import FabricModel
+
+__all__ = ["FabricModel"]

@@ -1,0 +1,126 @@
+"""The environment contract between the cluster and a training process.
+
+One user script runs in three roles, chosen by ``EDT_ROLE``:
+
+- unset: **standalone**, ``python main.py`` trains on one local worker;
+- ``driver``: the job's coordinator (rendezvous, membership, metrics, checkpoints,
+  final model); it never trains;
+- ``worker``: one training process bound to one slot.
+
+Variables (all optional except where a role needs them):
+
+=============================  ==============================================================
+``EDT_JOB_ID``                 job id put in every event (default ``local``)
+``EDT_DRIVER_ADDR``            ``host:port`` of the driver's control endpoint (workers, control)
+``EDT_DRIVER_PORT``            port the driver binds (0 = a free one; default 0)
+``EDT_DRIVER_HOST``            interface the driver binds (default ``0.0.0.0``)
+``EDT_DRIVER_ADVERTISE_HOST``  host name workers use to reach the driver (default: hostname,
+                               ``127.0.0.1`` when bound to loopback)
+``EDT_DRIVER_ADDR_FILE``       the driver writes its actual ``host:port`` here once listening
+``EDT_WORKER_ID``              stable id of a worker's slot, e.g. ``host1-gpu0``
+``EDT_MAX_WORKERS``            most workers the job may have (default engines_number)
+``EDT_MIN_WORKERS``            workers the driver waits for before the first generation (1)
+``EDT_RDZV_GRACE_S``           how long the driver waits for more joiners before it forms
+                               a generation from the ones it has (default 0.5)
+``EDT_PEER_TIMEOUT_S``         bound on detecting a dead peer or driver (default 20)
+``EDT_HEARTBEAT_S``            worker heartbeat / change polling period (default 0.05)
+``EDT_PULL_WEIGHT_TIME_OUT``   seconds a joiner waits for the weights (default 120)
+``EDT_PULL_FAILED_LIMITS``     PULL_FAILED retries before a joiner stops (default 3)
+``EDT_SEED``                   seed of the per-epoch sample order (default 0)
+``EDT_BACKEND``                ``gloo`` or ``nccl`` (default: nccl when CUDA is available)
+``EDT_METRICS_INTERVAL_S``     least seconds between two ``metrics.train`` events (default 1)
+``EDT_STEP_LOG``               rank 0 appends one JSON line per committed step here (tests)
+``EDT_EVENTS_REDIS_URL``       publish events to this Redis (stream ``edt:events``)
+``EDT_EVENTS_STREAM``          stream name (default ``edt:events``)
+``EDT_CAPTURE_LOGS``           emit stdout/stderr lines as ``log`` events (default 1 in cluster)
+``RESULT_DIR``                 WMLA result folder (checkpoint/, model/, log/, metrics)
+``LOG_DIR``                    events.jsonl goes here (default ``$RESULT_DIR/log``)
+``CHECKPOINT_DIR``             default ``$RESULT_DIR/checkpoint``
+``SAVED_MODEL_DIR``            final model copy (default ``$RESULT_DIR/model``)
+``DATA_DIR``                   the job's dataset folder (read by user code)
+=============================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    return float(value) if value else default
+
+
+def _int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    role: str
+    job_id: str
+    driver_addr: str | None
+    driver_host: str
+    driver_port: int
+    driver_addr_file: str | None
+    worker_id: str | None
+    max_workers: int | None
+    min_workers: int
+    rdzv_grace_s: float
+    peer_timeout_s: float
+    heartbeat_s: float
+    pull_timeout_s: float
+    pull_failed_limits: int
+    seed: int
+    backend: str | None
+    metrics_interval_s: float
+    step_log: str | None
+    result_dir: str | None
+    log_dir: str | None
+    checkpoint_dir: str | None
+    saved_model_dir: str | None
+
+    @classmethod
+    def from_environ(cls) -> JobEnv:
+        env = os.environ
+        role = (env.get("EDT_ROLE") or "standalone").strip().lower()
+        if role not in ("standalone", "driver", "worker"):
+            raise ValueError(f"EDT_ROLE must be 'driver' or 'worker', got {role!r}")
+        result_dir = env.get("RESULT_DIR") or None
+        log_dir = env.get("LOG_DIR") or (os.path.join(result_dir, "log") if result_dir else None)
+        ckpt = env.get("CHECKPOINT_DIR") or (
+            os.path.join(result_dir, "checkpoint") if result_dir else None
+        )
+        saved = env.get("SAVED_MODEL_DIR") or (
+            os.path.join(result_dir, "model") if result_dir else None
+        )
+        max_workers = _int("EDT_MAX_WORKERS", 0) or None
+        worker_id = env.get("EDT_WORKER_ID") or None
+        if role == "worker" and not worker_id:
+            worker_id = f"{os.uname().nodename}-{os.getpid()}"
+        return cls(
+            role=role,
+            job_id=env.get("EDT_JOB_ID") or env.get("DLI_EXECID") or "local",
+            driver_addr=env.get("EDT_DRIVER_ADDR") or None,
+            driver_host=env.get("EDT_DRIVER_HOST") or "0.0.0.0",
+            driver_port=_int("EDT_DRIVER_PORT", 0),
+            driver_addr_file=env.get("EDT_DRIVER_ADDR_FILE") or None,
+            worker_id=worker_id,
+            max_workers=max_workers,
+            min_workers=max(1, _int("EDT_MIN_WORKERS", 1)),
+            rdzv_grace_s=_float("EDT_RDZV_GRACE_S", 0.5),
+            peer_timeout_s=_float("EDT_PEER_TIMEOUT_S", 20.0),
+            heartbeat_s=_float("EDT_HEARTBEAT_S", 0.05),
+            pull_timeout_s=_float("EDT_PULL_WEIGHT_TIME_OUT", 120.0),
+            pull_failed_limits=max(1, _int("EDT_PULL_FAILED_LIMITS", 3)),
+            seed=_int("EDT_SEED", 0),
+            backend=env.get("EDT_BACKEND") or None,
+            metrics_interval_s=_float("EDT_METRICS_INTERVAL_S", 1.0),
+            step_log=env.get("EDT_STEP_LOG") or None,
+            result_dir=result_dir,
+            log_dir=log_dir,
+            checkpoint_dir=ckpt,
+            saved_model_dir=saved,
+        )

@@ -1,0 +1,298 @@
+"""The driver: one per job. Rendezvous, membership, metrics, checkpoints, final model.
+
+It runs the user's script with ``EDT_ROLE=driver``; ``FabricModel.train()`` then serves
+the control endpoint (JSON over TCP, see :mod:`runtime.wire`) instead of training, and
+returns when the job ends (raises when it FAILED). It also hosts the TCPStore that the
+workers' process groups rendezvous on.
+
+Operations on the endpoint (``{"op": ...}``):
+
+- workers: ``link`` (persistent: heartbeats, reports; replies carry ``pending``),
+  ``join``, ``sync``, ``fetch_state``, ``upload_state`` (kind checkpoint | handoff |
+  final | stop, payload = state blob), ``upload_onnx``, ``done``, ``error``;
+- anyone (:mod:`runtime.control`): ``status``, ``leave``, ``stop``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import socket
+import socketserver
+import threading
+import time
+import traceback
+from typing import Any
+
+import torch.distributed as dist
+
+from . import checkpoint, events, wire
+from . import state as state_mod
+from .callbacks import ELogLogger, call
+from .config import JobEnv
+from .rendezvous import Rendezvous
+from .reports import Reports
+
+log = logging.getLogger("edt.driver")
+
+
+def _advertise_host(env: JobEnv) -> str:
+    host = os.environ.get("EDT_DRIVER_ADVERTISE_HOST")
+    if host:
+        return host
+    if env.driver_host in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    if env.driver_host not in ("0.0.0.0", ""):
+        return env.driver_host
+    return socket.gethostname()
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class Driver:
+    def __init__(self, env: JobEnv, logger: Any, cfg: dict[str, Any]) -> None:
+        self.env = env
+        self.logger = logger if logger is not None else ELogLogger(env.result_dir)
+        self.cfg = cfg
+        self.writer = checkpoint.ResultWriter(env.result_dir, env.checkpoint_dir)
+        self.done = threading.Event()
+        self.outcome = "RUNNING"
+        self.error: str | None = None
+        self.final_saved = False
+        self.epoch = 0
+        self.iteration = 0
+        self.global_step = 0
+        self.state = "STARTING"
+        self.reports = Reports(self.logger, env.metrics_interval_s)
+        self._lock = threading.Lock()
+        self.addr = ""
+
+    # -- lifecycle --------------------------------------------------------------------
+    def run(self) -> str:
+        env = self.env
+        bind = env.driver_host or "0.0.0.0"
+        host = _advertise_host(env)
+        self.store = dist.TCPStore(
+            bind if bind != "0.0.0.0" else "0.0.0.0",
+            0,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=max(60.0, env.peer_timeout_s * 3)),
+        )
+        self.rdzv = Rendezvous(
+            store_addr=f"{host}:{self.store.port}",
+            min_workers=env.min_workers,
+            max_workers=env.max_workers,
+            grace_s=env.rdzv_grace_s,
+            peer_timeout_s=env.peer_timeout_s,
+            on_event=events.emit,
+        )
+        blob = checkpoint.load_latest(env.checkpoint_dir)
+        if blob is not None:
+            self.rdzv.put_state(blob)
+            pos = state_mod.loads(blob)["position"]
+            self.epoch = pos["epoch"]
+            print(f"Resuming from checkpoint at epoch {pos['epoch']}", flush=True)
+        server = _Server((bind, env.driver_port), self._handler_class())
+        port = server.server_address[1]
+        self.addr = f"{host}:{port}"
+        threading.Thread(target=server.serve_forever, name="edt-driver-server", daemon=True).start()
+        if env.driver_addr_file:
+            checkpoint.atomic_write(env.driver_addr_file, self.addr.encode())
+        self.state = "RUNNING"
+        events.emit("job.state", state="RUNNING", driver_addr=self.addr)
+        call(self.logger, "on_train_begin")
+        try:
+            while not self.done.is_set():
+                self.rdzv.tick()
+                self._check_end()
+                self.done.wait(0.01)
+        finally:
+            self.state = self.outcome
+            # Give workers blocked on a reply a moment to read it before the server dies.
+            time.sleep(0.2)
+            server.shutdown()
+            server.server_close()
+        call(self.logger, "on_train_end")
+        fields = {"error": self.error} if self.error else {}
+        events.emit("job.state", state=self.outcome, **fields)
+        return self.outcome
+
+    def _check_end(self) -> None:
+        rdzv = self.rdzv
+        with rdzv.cv:
+            live = [m for m in rdzv.members if m not in rdzv.lost and m not in rdzv.finished]
+            if self.outcome == "FINISHED" and self.final_saved and not live:
+                self.done.set()
+            elif self.outcome == "FAILED" and not live:
+                self.done.set()
+            elif rdzv.stop_requested and not rdzv.members and not rdzv.awaiting_upload:
+                if self.outcome == "RUNNING":
+                    self.outcome = "KILLED"
+                self.done.set()
+
+    # -- handlers ---------------------------------------------------------------------
+    def _handler_class(self) -> type[socketserver.BaseRequestHandler]:
+        driver = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                sock: socket.socket = self.request
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    header, payload = wire.recv_msg(sock)
+                except (OSError, ValueError):
+                    return
+                op = header.get("op")
+                if op == "link":
+                    driver._link(sock, header)
+                    return
+                try:
+                    reply, data = driver._dispatch(op, header, payload)
+                except Exception as exc:  # noqa: BLE001 - reported to the caller
+                    log.exception("driver: op %s failed", op)
+                    reply, data = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
+                try:
+                    wire.send_msg(sock, reply, data)
+                except OSError:
+                    pass
+
+        return Handler
+
+    def _link(self, sock: socket.socket, header: dict[str, Any]) -> None:
+        worker_id = header["worker_id"]
+        rdzv = self.rdzv
+        try:
+            while True:
+                msg, _ = wire.recv_msg(sock)
+                rdzv.heartbeat(worker_id)
+                for report in msg.get("reports", []):
+                    self._report(worker_id, report)
+                wire.send_msg(
+                    sock,
+                    {"pending": rdzv.pending(), "generation": rdzv.generation,
+                     "stop": rdzv.stop_requested},
+                )
+        except (OSError, ValueError):
+            pass
+        finally:
+            rdzv.link_closed(worker_id)
+
+    def _dispatch(self, op: str, h: dict[str, Any], payload: bytes | None):
+        rdzv = self.rdzv
+        timeout = float(h.get("timeout") or 3600)
+        if op == "join":
+            if self.outcome != "RUNNING" or rdzv.stop_requested:
+                return {"action": "stop", "upload": False}, None
+            reply = rdzv.join(h["worker_id"], timeout)
+            return (reply or {"action": "wait_timeout"}), None
+        if op == "sync":
+            return rdzv.sync(h["worker_id"], int(h["generation"]), int(h["global_step"]),
+                             bool(h.get("failed")), timeout), None
+        if op == "fetch_state":
+            blob = rdzv.get_state(int(h.get("min_version", 1)), timeout)
+            if blob is None:
+                return {"ok": False, "error": "no state available in time"}, None
+            return {"ok": True}, blob
+        if op == "upload_state":
+            return self._upload(h, payload or b""), None
+        if op == "upload_onnx":
+            if payload:
+                for p in self.writer.save_onnx(payload):
+                    events.emit("model.saved", path=p, format="onnx")
+            return {"ok": True}, None
+        if op == "done":
+            rdzv.mark_finished(h["worker_id"])
+            return {"ok": True}, None
+        if op == "error":
+            self._fail(h.get("message", "worker failed"), h.get("traceback", ""),
+                       h.get("worker_id"))
+            return {"ok": True}, None
+        if op == "status":
+            return self.status(), None
+        if op == "leave":
+            known = rdzv.request_leave(h["worker_id"])
+            if not known:
+                return {"ok": False, "error": f"unknown worker {h['worker_id']!r}"}, None
+            reason = rdzv.wait_left(h["worker_id"], timeout) if h.get("wait", True) else None
+            return {"ok": True, "left": reason is not None, "reason": reason}, None
+        if op == "stop":
+            rdzv.request_stop(bool(h.get("checkpoint", False)))
+            return {"ok": True}, None
+        return {"ok": False, "error": f"unknown op {op!r}"}, None
+
+    def _upload(self, h: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        kind = h.get("kind")
+        st = state_mod.loads(blob)
+        if kind in ("handoff", "stop", "checkpoint"):
+            # The driver keeps the latest state, so that if every worker is lost the next
+            # ones resume from it without a restart.
+            self.rdzv.put_state(blob)
+        if kind == "stop":
+            self.rdzv.awaiting_upload = None
+        if kind in ("checkpoint", "stop"):
+            manifest = self.writer.save_checkpoint(blob)
+            if manifest:
+                events.emit("checkpoint.saved", path=manifest["path"], epoch=manifest["epoch"],
+                            sha256=manifest["sha256"])
+        if kind == "final":
+            self.rdzv.put_state(blob)
+            for p in self.writer.save_final(blob):
+                events.emit("model.saved", path=p, format="pth")
+            with self._lock:
+                self.final_saved = True
+                if self.outcome == "RUNNING":
+                    self.outcome = "FINISHED"
+        return {"ok": True, "position": st["position"]}
+
+    def _fail(self, message: str, tb: str, worker_id: str | None) -> None:
+        with self._lock:
+            first = self.outcome != "FAILED"
+            self.outcome = "FAILED"
+            self.error = self.error or message
+        if first:
+            if tb:
+                print(tb, flush=True)
+            print(f"Job FAILED: {message}", flush=True)
+            events.emit("error", message=message, traceback=tb, worker_id=worker_id)
+        self.rdzv.request_stop(checkpoint=False)
+
+    # -- metrics ----------------------------------------------------------------------
+    def _report(self, worker_id: str, r: dict[str, Any]) -> None:
+        try:
+            self.reports.handle(r)
+        except Exception:  # noqa: BLE001 - a broken logger callback must not hang the job
+            self._fail("driver logger callback raised", traceback.format_exc(), None)
+        self.epoch, self.iteration = self.reports.epoch, self.reports.iteration
+        self.global_step = self.reports.global_step
+        self.rdzv.position = {"epoch": self.epoch, "iteration": self.iteration}
+
+    def status(self) -> dict[str, Any]:
+        snap = self.rdzv.snapshot()
+        snap.update(
+            ok=True,
+            job_id=self.env.job_id,
+            state=self.state if self.state != "RUNNING" else self.outcome,
+            epoch=self.epoch,
+            iteration=self.iteration,
+            global_step=self.global_step,
+            driver_addr=self.addr,
+            config=self.cfg,
+        )
+        return json.loads(json.dumps(snap, default=str))
+
+
+def run_driver(env: JobEnv, logger: Any, cfg: dict[str, Any]) -> str:
+    events.configure(source="driver", job_id=env.job_id, log_dir=env.log_dir)
+    events.capture_output()
+    driver = Driver(env, logger, cfg)
+    outcome = driver.run()
+    if outcome == "FAILED":
+        # The workers' tracebacks are already in this log; end like a failed script.
+        raise SystemExit(1)
+    return outcome

@@ -1,0 +1,166 @@
+"""``FabricModel``: the user-facing API of seed 004, plus the names WMLA's samples use."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from .config import JobEnv
+
+_TF_MODULES = ("keras", "tensorflow", "tf_keras")
+
+
+def _reject_non_torch(model: Any) -> None:
+    if isinstance(model, torch.nn.Module):
+        return
+    module = type(model).__module__ or ""
+    if module.split(".")[0] in _TF_MODULES:
+        raise TypeError(
+            "TensorFlow/Keras models are not supported: this EDT runtime trains PyTorch "
+            "models only (pass a torch.nn.Module)."
+        )
+    raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+
+def effective_batch(
+    batch_size: int,
+    engines_number: int | None,
+    effective_batch_size: int | None,
+    default_engines: int,
+) -> tuple[int, int]:
+    """Seed 004's rules; returns ``(engines_number, global_batch)``.
+
+    - only ``effective_batch_size``: engines_number = effective_batch_size / batch_size;
+    - both: engines_number is the larger of the two;
+    - neither: engines_number = the job's max workers (1 standalone).
+    The global batch is ``batch_size x engines_number`` (or exactly
+    ``effective_batch_size`` when it alone decides and is not a multiple).
+    """
+    if effective_batch_size is not None and effective_batch_size <= 0:
+        raise ValueError("effective_batch_size must be a positive integer")
+    if engines_number is not None and engines_number <= 0:
+        raise ValueError("engines_number must be a positive integer")
+    if effective_batch_size is None:
+        engines = engines_number or default_engines
+        return engines, batch_size * engines
+    from_effective = math.ceil(effective_batch_size / batch_size)
+    if engines_number is None or from_effective >= engines_number:
+        return from_effective, effective_batch_size
+    return engines_number, batch_size * engines_number
+
+
+class FabricModel:
+    """An elastic distributed training model (seed 004).
+
+    ``FabricModel(model, datasets_function, loss_function, optimizer, metrics=None,
+    worker_logger_callback=None, driver_logger_callback=None, save_to_onnx=False,
+    keras_custom_objects=None, fn_batch_collate=None)``; WMLA sample names are accepted
+    too: ``driver_logger=``, ``worker_logger=``, ``user_callback=[...]``,
+    ``enable_onnx=``, ``fn_step_train=``, ``fn_test=``, ``scaleup_function=``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        datasets_function: Any,
+        loss_function: Any,
+        optimizer: Any,
+        metrics: list[Any] | None = None,
+        worker_logger_callback: Any = None,
+        driver_logger_callback: Any = None,
+        save_to_onnx: bool = False,
+        keras_custom_objects: dict[str, Any] | None = None,
+        fn_batch_collate: Any = None,
+        *,
+        driver_logger: Any = None,
+        worker_logger: Any = None,
+        user_callback: list[Any] | None = None,
+        enable_onnx: bool | None = None,
+        fn_step_train: Any = None,
+        fn_test: Any = None,
+        scaleup_function: Any = None,
+    ) -> None:
+        _reject_non_torch(model)
+        if not callable(datasets_function):
+            raise TypeError("datasets_function must be a function returning (train, test)")
+        if not callable(loss_function):
+            raise TypeError("loss_function must be callable for PyTorch models")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim optimizer, got {type(optimizer)}")
+        if metrics is not None and not isinstance(metrics, list | tuple):
+            metrics = [metrics]
+        self.model = model
+        self.datasets_function = datasets_function
+        self.loss_function = loss_function
+        self.optimizer = optimizer
+        self.metrics = list(metrics or [])
+        self.worker_logger_callback = worker_logger_callback or worker_logger
+        self.driver_logger_callback = driver_logger_callback or driver_logger
+        self.save_to_onnx = bool(save_to_onnx or enable_onnx)
+        self.keras_custom_objects = keras_custom_objects
+        self.fn_batch_collate = fn_batch_collate
+        if user_callback is not None and not isinstance(user_callback, list | tuple):
+            user_callback = [user_callback]
+        self.user_callbacks = list(user_callback or [])
+        self.fn_step_train = fn_step_train
+        self.fn_test = fn_test
+        # Accepted for WMLA compatibility; the constant global batch already keeps the
+        # mathematics the same at every size, so there is nothing to rescale.
+        self.scaleup_function = scaleup_function
+
+    def get_optimizer(self) -> Any:
+        return self.optimizer
+
+    def get_loss_function(self) -> Any:
+        return self.loss_function
+
+    def train(
+        self,
+        epoch_number: int,
+        batch_size: int,
+        engines_number: int | None = None,
+        num_dataloader_threads: int = 4,
+        validation_freq: int = 1,
+        checkpoint_freq: int = 1,
+        effective_batch_size: int | None = None,
+    ) -> Any:
+        """Train; the role (standalone, driver, worker) comes from ``EDT_ROLE``."""
+        for name, value in (("epoch_number", epoch_number), ("batch_size", batch_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        env = JobEnv.from_environ()
+        default_engines = 1 if env.role == "standalone" else (env.max_workers or 1)
+        engines, global_batch = effective_batch(
+            batch_size, engines_number, effective_batch_size, default_engines
+        )
+        if env.max_workers is None and env.role != "standalone":
+            env = _with_max_workers(env, engines)
+        cfg = {
+            "epochs": epoch_number,
+            "batch_size": batch_size,
+            "engines_number": engines,
+            "global_batch": global_batch,
+            "num_dataloader_threads": num_dataloader_threads,
+            "validation_freq": int(validation_freq or 0),
+            "checkpoint_freq": int(checkpoint_freq or 0),
+        }
+        if env.role == "driver":
+            from .driver import run_driver
+
+            return run_driver(env, self.driver_logger_callback, cfg)
+        if env.role == "worker" and not env.driver_addr:
+            raise RuntimeError("EDT_ROLE=worker needs EDT_DRIVER_ADDR (host:port of the driver)")
+        from .worker import run_trainer
+
+        run_trainer(self, cfg, env)
+        return None
+
+
+def _with_max_workers(env: JobEnv, n: int) -> JobEnv:
+    from dataclasses import replace
+
+    os.environ.setdefault("EDT_MAX_WORKERS", str(n))
+    return replace(env, max_workers=n)

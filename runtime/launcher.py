@@ -1,0 +1,175 @@
+"""Start a job's driver and workers as local processes (tests, bench, host agents).
+
+Only a convenience over the real entry points: the same user script with
+``EDT_ROLE=driver`` / ``EDT_ROLE=worker`` and the variables of :mod:`runtime.config`. A
+host agent that starts processes itself on other hosts needs nothing from here.
+
+    job = LocalJob("main.py", env={"RESULT_DIR": "/tmp/r"})
+    job.start_driver()
+    job.add_worker("host1-gpu0"); job.add_worker("host1-gpu1")
+    job.remove_worker("host1-gpu1")     # cooperative: leaves at the next boundary
+    job.kill_worker("host1-gpu0")       # SIGKILL
+    rc = job.wait(timeout=300)          # the driver's exit code
+
+Each process's output goes to ``$RESULT_DIR/log/<driver|worker-id>/stdout`` (WMLA's
+layout; stderr is merged into it) when ``RESULT_DIR`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from . import control
+
+
+class LocalJob:
+    def __init__(
+        self,
+        script: str,
+        env: dict[str, str] | None = None,
+        *,
+        args: list[str] | None = None,
+        python: str = sys.executable,
+        cwd: str | None = None,
+        job_id: str | None = None,
+        max_workers: int | None = None,
+    ) -> None:
+        self.script = os.path.abspath(script)
+        self.args = list(args or [])
+        self.python = python
+        self.cwd = cwd or os.path.dirname(self.script)
+        self.base_env = dict(os.environ)
+        self.base_env.update(env or {})
+        self.base_env.setdefault("EDT_JOB_ID", job_id or f"local-{os.getpid()}-{int(time.time())}")
+        if max_workers is not None:
+            self.base_env["EDT_MAX_WORKERS"] = str(max_workers)
+        self.base_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.driver: subprocess.Popen | None = None
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.driver_addr: str | None = None
+        self._tmp = tempfile.mkdtemp(prefix="edt-job-")
+        self._files: list[Any] = []
+
+    def _log_file(self, name: str):
+        result_dir = self.base_env.get("RESULT_DIR")
+        folder = os.path.join(result_dir, "log", name) if result_dir else os.path.join(
+            self._tmp, name)
+        os.makedirs(folder, exist_ok=True)
+        f = open(os.path.join(folder, "stdout"), "ab")  # noqa: SIM115 - owned by the process
+        self._files.append(f)
+        return f
+
+    def _spawn(self, name: str, env: dict[str, str]) -> subprocess.Popen:
+        out = self._log_file(name)
+        return subprocess.Popen(
+            [self.python, self.script, *self.args],
+            cwd=self.cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def start_driver(self, timeout: float = 60.0, env_extra: dict[str, str] | None = None) -> str:
+        addr_file = os.path.join(self._tmp, "driver_addr")
+        if os.path.exists(addr_file):
+            os.unlink(addr_file)
+        env = dict(self.base_env)
+        env.update({"EDT_ROLE": "driver", "EDT_DRIVER_PORT": env.get("EDT_DRIVER_PORT", "0"),
+                    "EDT_DRIVER_ADDR_FILE": addr_file,
+                    "EDT_DRIVER_HOST": env.get("EDT_DRIVER_HOST", "127.0.0.1")})
+        env.update(env_extra or {})
+        self.driver = self._spawn("driver", env)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(addr_file):
+            if self.driver.poll() is not None:
+                raise RuntimeError(f"driver exited with {self.driver.returncode} before listening")
+            if time.monotonic() > deadline:
+                raise TimeoutError("driver did not start listening in time")
+            time.sleep(0.05)
+        with open(addr_file, encoding="utf-8") as f:
+            self.driver_addr = f.read().strip()
+        return self.driver_addr
+
+    def add_worker(
+        self, worker_id: str, env_extra: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        if not self.driver_addr:
+            raise RuntimeError("start_driver() first")
+        env = dict(self.base_env)
+        env.update({"EDT_ROLE": "worker", "EDT_WORKER_ID": worker_id,
+                    "EDT_DRIVER_ADDR": self.driver_addr})
+        env.update(env_extra or {})
+        proc = self._spawn(worker_id, env)
+        self.workers[worker_id] = proc
+        return proc
+
+    def remove_worker(self, worker_id: str, timeout: float = 120.0) -> int | None:
+        """Cooperative leave at the next iteration boundary; returns the exit code."""
+        control.request_leave(self.driver_addr, worker_id, wait=True, timeout=timeout)
+        proc = self.workers.get(worker_id)
+        return proc.wait(timeout) if proc else None
+
+    def kill_worker(self, worker_id: str) -> None:
+        proc = self.workers[worker_id]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def kill_driver(self) -> None:
+        if self.driver is not None:
+            self.driver.send_signal(signal.SIGKILL)
+            self.driver.wait(10)
+
+    def status(self) -> dict[str, Any]:
+        return control.status(self.driver_addr)
+
+    def stop(self, checkpoint: bool = False) -> None:
+        control.request_stop(self.driver_addr, checkpoint=checkpoint)
+
+    def wait(self, timeout: float = 600.0) -> int:
+        """Wait for the driver to exit, then for the workers; returns the driver's code."""
+        if self.driver is None:
+            raise RuntimeError("no driver")
+        deadline = time.monotonic() + timeout
+        rc = self.driver.wait(timeout)
+        for proc in self.workers.values():
+            try:
+                proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        return rc
+
+    def wait_workers(self, timeout: float = 60.0) -> dict[str, int | None]:
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for wid, proc in self.workers.items():
+            try:
+                codes[wid] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[wid] = None
+        return codes
+
+    def terminate(self) -> None:
+        """Kill whatever is still running (test teardown)."""
+        for proc in [*self.workers.values(), *( [self.driver] if self.driver else [])]:
+            if proc.poll() is None:
+                proc.kill()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
+        for f in self._files:
+            f.close()
+        self._files = []
+
+    def __enter__(self) -> LocalJob:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.terminate()

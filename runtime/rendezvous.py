@@ -1,0 +1,344 @@
+"""Membership in generations: the driver-side state machine (no sockets here).
+
+A *generation* is a fixed, rank-ordered member list with its own process group. The
+current members train; the driver only changes membership at an iteration boundary:
+
+1. something asks for a change: a joiner registers, a leave or stop is requested, or a
+   member is lost (its link socket closed, or no heartbeat for ``peer_timeout_s``);
+2. workers see ``pending`` in their heartbeat replies and raise a flag inside the next
+   gradient all-reduce, so every member agrees to stop after that same step (or a
+   collective fails because a peer died, and the survivors arrive with ``failed``);
+3. each member calls ``sync``; once every live member has arrived (members that do not
+   arrive within ``peer_timeout_s`` are dropped) the driver forms generation ``g+1``:
+   survivors first (the one with the most committed steps is rank 0), then joiners.
+   Leavers are told to leave; when nobody stays, the furthest leaver hands its state to
+   the driver first, and rank 0 of the next generation fetches it from there.
+
+Each generation's process group uses the key prefix ``edt/<generation>/`` in the driver's
+TCPStore, so a stale peer cannot join a newer group.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Arrival:
+    global_step: int  # committed steps of this worker's state; -1 = it has no state
+    failed: bool
+    at: float = field(default_factory=time.monotonic)
+
+
+class Rendezvous:
+    def __init__(
+        self,
+        *,
+        store_addr: str,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        grace_s: float = 0.5,
+        peer_timeout_s: float = 20.0,
+        on_event: Callable[..., None] | None = None,
+    ) -> None:
+        self.store_addr = store_addr
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.grace_s = grace_s
+        self.peer_timeout_s = peer_timeout_s
+        self._emit = on_event or (lambda *a, **k: None)
+        self.cv = threading.Condition()
+        self.generation = 0
+        self.members: list[str] = []
+        self.joiners: dict[str, float] = {}  # worker id -> registration time (ordered)
+        self.arrived: dict[str, Arrival] = {}
+        self.leaving: set[str] = set()
+        self.lost: set[str] = set()
+        self.left: dict[str, str] = {}  # worker id -> reason, for status and leave waiters
+        self.finished: set[str] = set()
+        self.last_seen: dict[str, float] = {}
+        self.assignments: dict[str, dict[str, Any]] = {}
+        self.stop_requested = False
+        self.stop_checkpoint = False
+        self.state_blob: bytes | None = None
+        self.state_version = 0
+        self.position: dict[str, Any] = {}
+        self.ever_formed = False
+        self.awaiting_upload: str | None = None  # a stopping worker still owes its state
+        self.promised_version = 0  # state version a leaving worker is about to upload
+        self._last_join = 0.0
+
+    # -- driver-held state -------------------------------------------------------------
+    def put_state(self, blob: bytes) -> int:
+        with self.cv:
+            self.state_blob = blob
+            self.state_version += 1
+            self.cv.notify_all()
+            return self.state_version
+
+    def get_state(self, min_version: int, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while self.state_version < min_version or self.state_blob is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cv.wait(left)
+            return self.state_blob
+
+    # -- requests from workers ---------------------------------------------------------
+    def pending(self) -> bool:
+        """Whether the members should stop at the next boundary."""
+        with self.cv:
+            return self._pending_locked()
+
+    def _staying(self) -> list[str]:
+        return [m for m in self.members if m not in self.lost and m not in self.leaving]
+
+    def _room(self) -> bool:
+        return self.max_workers is None or len(self._staying()) < self.max_workers
+
+    def _pending_locked(self) -> bool:
+        if not self.members:
+            return False
+        return bool(
+            self.stop_requested
+            or self.arrived
+            or (self.joiners and self._room())
+            or any(m in self.leaving or m in self.lost for m in self.members)
+        )
+
+    def join(self, worker_id: str, timeout: float) -> dict[str, Any] | None:
+        """Register a joiner and wait for its assignment (None: not admitted in time)."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            if worker_id in self.members:
+                # A restarted process reusing its slot id: its old self is gone.
+                self.lost.add(worker_id)
+            self.left.pop(worker_id, None)
+            self.finished.discard(worker_id)
+            self.assignments.pop(worker_id, None)
+            self.joiners[worker_id] = time.monotonic()
+            self.last_seen[worker_id] = time.monotonic()
+            self._last_join = time.monotonic()
+            self._emit("worker.joining", worker_id=worker_id, generation=self.generation)
+            self.cv.notify_all()
+            while worker_id not in self.assignments:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.joiners.pop(worker_id, None)
+                    return None
+                self.cv.wait(min(left, 0.5))
+            return self.assignments.pop(worker_id)
+
+    def sync(self, worker_id: str, generation: int, global_step: int, failed: bool,
+             timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            if generation != self.generation or worker_id not in self.members or (
+                worker_id in self.lost
+            ):
+                return {"action": "rejoin", "reason": "not a member of the current generation"}
+            self.arrived[worker_id] = Arrival(global_step, failed)
+            self.last_seen[worker_id] = time.monotonic()
+            self.cv.notify_all()
+            while worker_id not in self.assignments:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.arrived.pop(worker_id, None)
+                    return {"action": "rejoin", "reason": "rendezvous timed out"}
+                self.cv.wait(min(left, 0.5))
+            return self.assignments.pop(worker_id)
+
+    def heartbeat(self, worker_id: str) -> None:
+        with self.cv:
+            self.last_seen[worker_id] = time.monotonic()
+
+    def link_closed(self, worker_id: str) -> None:
+        with self.cv:
+            self.joiners.pop(worker_id, None)
+            if self.awaiting_upload == worker_id:
+                self.awaiting_upload = None
+            if worker_id in self.members and worker_id not in self.finished:
+                self.lost.add(worker_id)
+            self.cv.notify_all()
+
+    def request_leave(self, worker_id: str) -> bool:
+        with self.cv:
+            if worker_id in self.joiners:
+                self.joiners.pop(worker_id)
+                self.assignments[worker_id] = {"action": "leave", "upload": False}
+                self._mark_left(worker_id, "reclaimed")
+                self.cv.notify_all()
+                return True
+            if worker_id not in self.members:
+                return worker_id in self.left
+            self.leaving.add(worker_id)
+            self.cv.notify_all()
+            return True
+
+    def wait_left(self, worker_id: str, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while worker_id not in self.left:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cv.wait(min(left, 0.5))
+            return self.left[worker_id]
+
+    def request_stop(self, checkpoint: bool) -> None:
+        with self.cv:
+            self.stop_requested = True
+            self.stop_checkpoint = self.stop_checkpoint or checkpoint
+            for w in list(self.joiners):
+                self.assignments[w] = {"action": "stop", "upload": False}
+            self.joiners.clear()
+            self.cv.notify_all()
+
+    def mark_finished(self, worker_id: str) -> None:
+        with self.cv:
+            self.finished.add(worker_id)
+            if worker_id not in self.left:
+                self._mark_left(worker_id, "finished")
+            self.cv.notify_all()
+
+    def _mark_left(self, worker_id: str, reason: str) -> None:
+        self.left[worker_id] = reason
+        self._emit("worker.left", worker_id=worker_id, reason=reason, generation=self.generation)
+
+    def live_members(self) -> list[str]:
+        with self.cv:
+            return [m for m in self.members if m not in self.lost and m not in self.finished]
+
+    # -- the coordinator ---------------------------------------------------------------
+    def tick(self) -> None:
+        """Advance the state machine; the driver calls this every few milliseconds."""
+        with self.cv:
+            now = time.monotonic()
+            for m in self.members:
+                seen = self.last_seen.get(m, now)
+                stale = now - seen > self.peer_timeout_s
+                if m not in self.lost and m not in self.arrived and stale:
+                    self.lost.add(m)
+            if not self.members:
+                self._maybe_start(now)
+                return
+            if not self._pending_locked():
+                return
+            expected = [m for m in self.members if m not in self.lost]
+            missing = [m for m in expected if m not in self.arrived]
+            if missing:
+                first = min((a.at for a in self.arrived.values()), default=None)
+                if first is None or now - first < self.peer_timeout_s:
+                    return
+                self.lost.update(missing)
+            self._form(now)
+
+    def _maybe_start(self, now: float) -> None:
+        if self.stop_requested or not self.joiners:
+            return
+        if len(self.joiners) < self.min_workers and not self.ever_formed:
+            return
+        if now - self._last_join < self.grace_s:
+            return
+        self._form(now)
+
+    def _form(self, now: float) -> None:
+        old_members = list(self.members)
+        arrived = self.arrived
+        survivors = [m for m in old_members if m in arrived and m not in self.lost]
+        for m in old_members:
+            if m in self.lost and m not in self.left:
+                self._mark_left(m, "lost")
+        if self.stop_requested:
+            self._finish_stop(survivors, arrived)
+            return
+        staying = [m for m in survivors if m not in self.leaving]
+        leavers = [m for m in survivors if m in self.leaving]
+        rank_of = {m: i for i, m in enumerate(old_members)}
+        staying.sort(key=lambda m: (-arrived[m].global_step, rank_of[m]))
+        room = None if self.max_workers is None else max(0, self.max_workers - len(staying))
+        joiners = list(self.joiners)[:room]
+        new = staying + joiners
+        has_state = [m for m in staying if arrived[m].global_step >= 0]
+        upload_from = None
+        if not has_state and leavers:
+            upload_from = max(leavers, key=lambda m: arrived[m].global_step)
+            if arrived[upload_from].global_step < 0:
+                upload_from = None
+        for m in leavers:
+            self.assignments[m] = {"action": "leave", "upload": m == upload_from}
+            self._mark_left(m, "reclaimed")
+            self.leaving.discard(m)
+        self.arrived = {}
+        self.lost -= set(old_members)
+        for m in joiners:
+            self.joiners.pop(m, None)
+        self.members = new
+        self.generation += 1
+        if upload_from is not None:
+            self.promised_version = self.state_version + 1
+        if not new:
+            self.cv.notify_all()
+            return
+        self.ever_formed = True
+        steps = {arrived[m].global_step for m in staying}
+        version = max(self.state_version, self.promised_version)
+        fetch = not has_state and (self.state_blob is not None or version > self.state_version)
+        broadcast = bool(joiners) or len(steps) > 1 or not has_state
+        for rank, m in enumerate(new):
+            self.assignments[m] = {
+                "action": "train",
+                "generation": self.generation,
+                "rank": rank,
+                "world_size": len(new),
+                "members": new,
+                "store_addr": self.store_addr,
+                "broadcast": broadcast,
+                "fetch_state": fetch and rank == 0,
+                "state_version": version,
+            }
+            self.last_seen[m] = now
+        self._emit(
+            "generation.changed",
+            generation=self.generation,
+            size=len(new),
+            members=new,
+            joined=joiners,
+            left=[m for m in old_members if m not in new],
+            **self.position,
+        )
+        for m in joiners:
+            self._emit("worker.joined", worker_id=m, generation=self.generation,
+                       rank=new.index(m))
+        self.cv.notify_all()
+
+    def _finish_stop(self, survivors: list[str], arrived: dict[str, Arrival]) -> None:
+        upload_from = None
+        if self.stop_checkpoint and survivors:
+            upload_from = max(survivors, key=lambda m: arrived[m].global_step)
+        self.awaiting_upload = upload_from
+        for m in survivors:
+            self.assignments[m] = {"action": "stop", "upload": m == upload_from}
+            self._mark_left(m, "killed")
+        self.arrived = {}
+        self.members = []
+        self.generation += 1
+        self.cv.notify_all()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.cv:
+            return {
+                "generation": self.generation,
+                "members": list(self.members),
+                "size": len(self.members),
+                "joining": list(self.joiners),
+                "leaving": sorted(self.leaving),
+                "left": dict(self.left),
+                "state_version": self.state_version,
+            }

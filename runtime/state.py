@@ -1,0 +1,66 @@
+"""Training state: the model, the optimizer and the data position, as one blob.
+
+The same blob moves from a survivor to joiners (broadcast over the new process
+group), from rank 0 to the driver (checkpoints, the last leaver's hand-off) and from
+the driver to the first worker of a resumed job. It is a ``torch.save`` of plain
+containers and tensors, so ``torch.load(weights_only=True)`` reads it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Position:
+    """Where training is: the next step to run is ``step`` of ``epoch`` (0-based)."""
+
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+    samples_seen: int = 0  # samples committed in the current epoch
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
+
+
+def snapshot(model: torch.nn.Module, optimizer: Any, position: Position) -> dict[str, Any]:
+    return {
+        "format": "edt-state/1",
+        "model": _cpu(model.state_dict()),
+        "optimizer": _cpu(optimizer.state_dict()),
+        "position": position.as_dict(),
+    }
+
+
+def dumps(state: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def loads(data: bytes) -> dict[str, Any]:
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != "edt-state/1":
+        raise ValueError("not an EDT training state")
+    return state
+
+
+def restore(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> Position:
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return Position(**state["position"])

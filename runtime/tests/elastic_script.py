@@ -1,0 +1,91 @@
+"""A small EDT model script used by the runtime tests (standalone or under a job).
+
+Knobs (environment): TEST_EPOCHS, TEST_SAMPLES, TEST_BATCH, TEST_ENGINES, TEST_DELAY_S
+(sleep per sample, to make steps slow enough to act mid-epoch), TEST_KILL_AT
+("epoch:iteration": this worker SIGKILLs itself inside that step), TEST_FAIL
+(dataset_raises | bad_return | nan_loss), TEST_CKPT_FREQ, TEST_ONNX.
+"""
+
+import os
+import signal
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import runtime
+from runtime import FabricModel
+
+EPOCHS = int(os.environ.get("TEST_EPOCHS", "2"))
+SAMPLES = int(os.environ.get("TEST_SAMPLES", "96"))
+BATCH = int(os.environ.get("TEST_BATCH", "4"))
+ENGINES = int(os.environ.get("TEST_ENGINES", "4"))
+DELAY = float(os.environ.get("TEST_DELAY_S", "0"))
+KILL_AT = os.environ.get("TEST_KILL_AT")
+FAIL = os.environ.get("TEST_FAIL", "")
+HOLD_DIR = os.environ.get("TEST_HOLD_DIR")
+HOLD_AT = {tuple(int(v) for v in p.split(":"))
+           for p in os.environ.get("TEST_HOLD_AT", "").split(",") if p}
+
+
+def hold(epoch, it):
+    """Block the step (epoch, it) until the test creates go-<epoch>-<it> (bounded)."""
+    path = os.path.join(HOLD_DIR, f"go-{epoch}-{it}")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"test never released {path}")
+        time.sleep(0.01)
+
+
+class Points(Dataset):
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 8, generator=g, dtype=torch.float64)
+        w = torch.randn(8, 3, generator=g, dtype=torch.float64)
+        self.y = (self.x @ w).argmax(dim=1)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if DELAY:
+            time.sleep(DELAY)
+        return self.x[i], self.y[i]
+
+
+def get_datasets():
+    if FAIL == "dataset_raises":
+        raise FileNotFoundError("no such dataset: /nowhere/train")
+    if FAIL == "bad_return":
+        return [1, 2, 3]
+    return Points(SAMPLES, 1), Points(32, 2)
+
+
+def accuracy(output, target):
+    return (output.argmax(dim=1) == target).double().mean()
+
+
+def loss_fn(output, target):
+    # Called in the middle of a step, so a kill here is a kill mid-iteration.
+    if KILL_AT or HOLD_AT:
+        ctx = runtime.current()
+        here = (ctx["epoch"], ctx["iteration"])
+        if KILL_AT and here == tuple(int(v) for v in KILL_AT.split(":")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if here in HOLD_AT:
+            hold(*here)
+    loss = nn.functional.cross_entropy(output, target)
+    if FAIL == "nan_loss":
+        return loss * float("nan")
+    return loss
+
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+edt = FabricModel(model, get_datasets, loss_fn, optimizer, metrics=[accuracy],
+                  save_to_onnx=os.environ.get("TEST_ONNX") == "1")
+edt.train(EPOCHS, BATCH, ENGINES, num_dataloader_threads=1,
+          checkpoint_freq=int(os.environ.get("TEST_CKPT_FREQ", "1")))

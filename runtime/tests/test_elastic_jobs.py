@@ -1,0 +1,246 @@
+"""End-to-end: real driver and worker processes, real gloo process groups.
+
+Rank 0 writes one JSON line per committed step (epoch, batch, rank, size, generation,
+samples, index_sum, loss); the tests assert on those lines, in the manner of Horovod's
+elastic tests. The test model is float64, so a run at any size must reproduce the
+standalone run's losses and weights (the global batch and sample order never change).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime import control
+from runtime.launcher import LocalJob
+
+from .helpers import (
+    SCRIPT,
+    assert_every_sample_once,
+    assert_same_training,
+    base_env,
+    driver_log,
+    events,
+    run_job,
+    run_standalone,
+    steps,
+    wait_for_joiners,
+    wait_for_step,
+    wait_until,
+)
+
+SAMPLES = 192  # 12 steps of 16 (batch 4 x engines 4) per epoch
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The same training standalone: the ground truth every elastic run must match."""
+    out = tmp_path_factory.mktemp("standalone")
+    proc = run_standalone(out, TEST_SAMPLES=str(SAMPLES))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def fixed_four(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fixed4")
+    run_job(out, 4, TEST_SAMPLES=str(SAMPLES))
+    return out
+
+
+def test_it_trains_standalone_with_wmla_result_layout(reference: Path) -> None:
+    assert {s["size"] for s in steps(reference)} == {1}
+    assert (reference / "checkpoint" / "manifest.json").exists()
+    assert (reference / "model" / "train" / "model_epoch_1.pth").exists()
+    assert (reference / "model" / "train" / "model_epoch_final_optimizer_state.pth").exists()
+    metrics = (reference / "evaluation-metrics.txt").read_text().splitlines()
+    assert any('"grouplabel": "Test"' in line for line in metrics)
+    kinds = [e["type"] for e in events(reference)]
+    assert kinds[0] == "job.state" and kinds[-1] == "job.state"
+    assert events(reference)[-1]["state"] == "FINISHED"
+    assert {"metrics.train", "metrics.test", "epoch.end", "checkpoint.saved"} <= set(kinds)
+    assert_every_sample_once(reference, SAMPLES, 2)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_it_trains_on_a_fixed_number_of_workers(tmp_path: Path, reference: Path,
+                                                workers: int) -> None:
+    run_job(tmp_path, workers, TEST_SAMPLES=str(SAMPLES))
+    assert {s["size"] for s in steps(tmp_path)} == {workers}
+    assert_same_training(tmp_path, reference)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+    log = driver_log(tmp_path)
+    assert "Train,\tTimestamp: " in log and "Global steps: 24" in log
+    ev = [e for e in events(tmp_path) if e["type"] != "log"]
+    assert ev[-1]["type"] == "job.state" and ev[-1]["state"] == "FINISHED"
+    assert all(e["source"] == "driver" for e in ev)
+
+
+def test_it_trains_on_four_workers(fixed_four: Path, reference: Path) -> None:
+    assert {s["size"] for s in steps(fixed_four)} == {4}
+    assert_same_training(fixed_four, reference)
+
+
+@pytest.mark.slow
+def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path,
+                                                         fixed_four: Path) -> None:
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), TEST_HOLD_DIR=str(hold),
+                   TEST_HOLD_AT="0:2,1:3")
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        wait_for_step(tmp_path, lambda s: s["batch"] >= 1, "the first steps at size 1")
+        for w in ("w1", "w2", "w3"):
+            job.add_worker(w)
+        wait_for_joiners(job, 3)
+        (hold / "go-0-2").touch()
+        wait_for_step(tmp_path, lambda s: s["size"] == 4, "size 4")
+        leavers = [threading.Thread(target=job.remove_worker, args=(w,)) for w in ("w3", "w2")]
+        for t in leavers:
+            t.start()
+        for t in leavers:
+            t.join()
+        assert job.workers["w3"].returncode == 0 and job.workers["w2"].returncode == 0
+        assert control.status(job.driver_addr)["left"] == {"w3": "reclaimed", "w2": "reclaimed"}
+        wait_for_step(tmp_path, lambda s: s["size"] == 2, "size 2")
+        job.add_worker("w4")
+        wait_for_joiners(job, 1)
+        (hold / "go-1-3").touch()
+        assert job.wait(120) == 0, driver_log(tmp_path)
+    sizes = [s["size"] for s in steps(tmp_path)]
+    assert [v for i, v in enumerate(sizes) if i == 0 or sizes[i - 1] != v] == [1, 4, 2, 3]
+    assert_same_training(tmp_path, fixed_four)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+    changes = [e for e in events(tmp_path) if e["type"] == "generation.changed"]
+    assert [e["size"] for e in changes] == [1, 4, 2, 3]
+    left = {e["worker_id"]: e["reason"] for e in events(tmp_path) if e["type"] == "worker.left"}
+    assert left["w2"] == left["w3"] == "reclaimed"
+
+
+@pytest.mark.slow
+def test_it_survives_a_worker_killed_mid_iteration(tmp_path: Path, reference: Path) -> None:
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="3",
+                   EDT_PEER_TIMEOUT_S="8")
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        job.add_worker("w1", env_extra={"TEST_KILL_AT": "0:5"})
+        job.add_worker("w2")
+        assert job.wait(150) == 0, driver_log(tmp_path)
+        assert job.workers["w1"].returncode == -9
+    rows = steps(tmp_path)
+    sizes = [s["size"] for s in rows]
+    assert sizes[0] == 3 and sizes[-1] == 2
+    first_small = next(i for i, s in enumerate(rows) if s["size"] == 2)
+    before, after = rows[first_small - 1], rows[first_small]
+    # The killed step is redone right after the last committed one, in the next generation,
+    # and the survivors noticed well within the peer timeout (8 s).
+    assert after["epoch"] == before["epoch"] == 0
+    assert after["batch"] == before["batch"] + 1 and after["batch"] in (5, 6)
+    assert after["generation"] == before["generation"] + 1
+    assert after["ts_start"] - before["ts"] < 8
+    lost = [e for e in events(tmp_path) if e["type"] == "worker.left" and e["worker_id"] == "w1"]
+    assert lost and lost[0]["reason"] == "lost"
+    assert_same_training(tmp_path, reference)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+
+
+@pytest.mark.slow
+def test_it_resumes_from_the_checkpoint_after_losing_the_driver(tmp_path: Path,
+                                                                 reference: Path) -> None:
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="2",
+                   EDT_PEER_TIMEOUT_S="3", TEST_DELAY_S="0.003")
+    manifest = tmp_path / "checkpoint" / "manifest.json"
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        job.add_worker("w1")
+        wait_until(manifest.exists, "the first checkpoint")
+        job.kill_driver()
+        codes = job.wait_workers(30)
+        assert codes == {"w0": 3, "w1": 3}, codes
+    before = len(steps(tmp_path))
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        job.add_worker("w1")
+        assert job.wait(120) == 0, driver_log(tmp_path)
+    resumed = steps(tmp_path)[before:]
+    assert (resumed[0]["epoch"], resumed[0]["batch"]) == (1, 0)
+    assert resumed[0]["global_step"] == 13
+    assert "Resuming from checkpoint at epoch 1" in driver_log(tmp_path)
+    assert_same_training(tmp_path, reference)
+
+
+def test_it_fails_the_job_when_the_dataset_function_raises(tmp_path: Path) -> None:
+    env = base_env(tmp_path, TEST_FAIL="dataset_raises")
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        rc = job.wait(60)
+        assert job.workers["w0"].returncode == 1
+    assert rc != 0
+    log = driver_log(tmp_path)
+    assert "FileNotFoundError: no such dataset: /nowhere/train" in log
+    assert "Traceback (most recent call last)" in log
+    ev = events(tmp_path)
+    assert [e["state"] for e in ev if e["type"] == "job.state"] == ["RUNNING", "FAILED"]
+    errors = [e for e in ev if e["type"] == "error"]
+    assert errors and "get_datasets" in errors[0]["traceback"]
+
+
+@pytest.mark.parametrize(
+    ("fail", "message"),
+    [
+        ("bad_return", "datasets_function must return (train_dataset, test_dataset)"),
+        ("nan_loss", "loss is nan at epoch 0 iteration 1"),
+    ],
+)
+def test_it_fails_standalone_on_bad_user_code(tmp_path: Path, fail: str, message: str) -> None:
+    proc = run_standalone(tmp_path, TEST_FAIL=fail)
+    assert proc.returncode == 1
+    assert message in proc.stderr
+    assert "Traceback (most recent call last)" in proc.stderr
+    states = [e for e in events(tmp_path) if e["type"] == "job.state"]
+    assert states[-1]["state"] == "FAILED" and message in states[-1]["error"]
+
+
+def test_it_hands_state_over_when_the_last_worker_leaves_and_stops_pull_failures(
+    tmp_path: Path,
+) -> None:
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), TEST_EPOCHS="1000",
+                   TEST_CKPT_FREQ="0", EDT_MAX_WORKERS="1")
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        wait_for_step(tmp_path, lambda s: s["global_step"] >= 3, "a few steps")
+        # The job is at its maximum, so this joiner is never admitted: PULL_FAILED twice.
+        job.add_worker("w1", env_extra={"EDT_PULL_WEIGHT_TIME_OUT": "1",
+                                        "EDT_PULL_FAILED_LIMITS": "2"})
+        assert job.workers["w1"].wait(60) == 4
+        log = (tmp_path / "log" / "w1" / "stdout").read_text()
+        assert log.count("PULL_FAILED: no model weights within 1.0s") == 2
+        assert {s["size"] for s in steps(tmp_path)} == {1}
+        # The only worker leaves: it hands its state to the driver, and the next worker
+        # carries on from the very next step (no checkpoint file involved: freq is 0).
+        assert job.remove_worker("w0") == 0
+        last = steps(tmp_path)[-1]
+        assert control.status(job.driver_addr)["size"] == 0
+        job.add_worker("w2")
+        wait_for_step(tmp_path, lambda s: s["worker_id"] == "w2", "w2 training")
+        resumed = next(s for s in steps(tmp_path) if s["worker_id"] == "w2")
+        assert resumed["global_step"] == last["global_step"] + 1
+        job.stop(checkpoint=True)
+        assert job.wait(60) == 0
+        assert job.workers["w2"].returncode == 0
+    ev = [e for e in events(tmp_path) if e["type"] != "log"]
+    assert ev[-1]["state"] == "KILLED"
+    assert any(e["type"] == "checkpoint.saved" for e in ev)
+    assert os.path.exists(tmp_path / "checkpoint" / "edt_state.pth")
+    assert time.time() - ev[-1]["ts"] < 60

@@ -1,0 +1,156 @@
+"""Fast, in-process tests of the runtime's pure parts (no processes spawned)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime import FabricModel, events
+from runtime.checkpoint import ResultWriter, atomic_write, load_latest
+from runtime.fabric_model import effective_batch
+from runtime.rendezvous import Rendezvous
+from runtime.sampler import ElasticSampler, shard
+from runtime.state import Position, dumps, loads, snapshot
+
+
+def _model_and_opt():
+    model = torch.nn.Linear(3, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
+def test_it_covers_every_sample_once_per_epoch_at_any_size(world: int) -> None:
+    sampler = ElasticSampler(num_samples=50, batch_size=4, global_batch=12, seed=3)
+    seen = []
+    for step in range(sampler.steps_per_epoch):
+        for rank in range(world):
+            for chunk in sampler.assignment(1, step, rank, world):
+                seen.extend(chunk)
+    assert sorted(seen) == list(range(50))
+
+
+def test_it_keeps_the_micro_batches_independent_of_the_size() -> None:
+    sampler = ElasticSampler(num_samples=40, batch_size=4, global_batch=16, seed=0)
+    one = sampler.assignment(0, 1, 0, 1)
+    three = [c for r in range(3) for c in sampler.assignment(0, 1, r, 3)]
+    assert sorted(map(tuple, one)) == sorted(map(tuple, three))
+    assert sampler.micro_batches(0, 1) != sampler.micro_batches(1, 1)  # reshuffled per epoch
+
+
+def test_it_shards_evaluation_data_disjointly() -> None:
+    parts = [list(shard(10, r, 4)) for r in range(4)]
+    assert sum(parts, []) == list(range(10))
+
+
+@pytest.mark.parametrize(
+    ("engines", "effective", "expected"),
+    [(None, None, (4, 32)), (2, None, (2, 16)), (None, 64, (8, 64)), (2, 64, (8, 64)),
+     (16, 64, (16, 128)), (None, 20, (3, 20))],
+)
+def test_it_applies_the_effective_batch_rules(engines, effective, expected) -> None:
+    assert effective_batch(8, engines, effective, default_engines=4) == expected
+
+
+def test_it_rejects_keras_models_clearly() -> None:
+    fake_keras = type("Sequential", (), {"__module__": "keras.models"})()
+    model, opt = _model_and_opt()
+    with pytest.raises(TypeError, match="TensorFlow/Keras models are not supported"):
+        FabricModel(fake_keras, lambda: None, torch.nn.functional.mse_loss, opt)
+
+
+def test_it_accepts_wmla_sample_keyword_names() -> None:
+    model, opt = _model_and_opt()
+    logger, cb = object(), object()
+    fm = FabricModel(model, lambda: None, torch.nn.functional.mse_loss, opt,
+                     driver_logger=logger, worker_logger=logger, user_callback=[cb],
+                     enable_onnx=True, fn_step_train=print, fn_test=print,
+                     scaleup_function=print)
+    assert fm.driver_logger_callback is logger and fm.worker_logger_callback is logger
+    assert fm.user_callbacks == [cb] and fm.save_to_onnx
+    assert fm.fn_step_train is print and fm.fn_test is print
+
+
+def test_it_round_trips_state_with_weights_only_loading() -> None:
+    model, opt = _model_and_opt()
+    blob = dumps(snapshot(model, opt, Position(epoch=2, step=3, global_step=9)))
+    st = loads(blob)
+    assert st["position"]["epoch"] == 2 and st["position"]["global_step"] == 9
+
+
+def test_it_writes_checkpoints_atomically_and_ignores_corrupt_ones(tmp_path: Path) -> None:
+    model, opt = _model_and_opt()
+    writer = ResultWriter(str(tmp_path), str(tmp_path / "checkpoint"))
+    blob = dumps(snapshot(model, opt, Position(epoch=1)))
+    manifest = writer.save_checkpoint(blob)
+    assert manifest["epoch"] == 1
+    assert load_latest(str(tmp_path / "checkpoint")) == blob
+    assert not [p for p in os.listdir(tmp_path / "checkpoint") if p.startswith(".tmp-")]
+    assert (tmp_path / "model" / "train" / "model_epoch_1.pth").exists()
+    atomic_write(str(tmp_path / "checkpoint" / "edt_state.pth"), b"garbage")
+    assert load_latest(str(tmp_path / "checkpoint")) is None
+
+
+def test_it_writes_events_to_the_log_dir_and_redis(tmp_path: Path, monkeypatch) -> None:
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    stream = f"edt:test:{uuid.uuid4().hex}"
+    monkeypatch.setenv("EDT_EVENTS_REDIS_URL", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("EDT_EVENTS_STREAM", stream)
+    try:
+        events.configure(source="worker:h1-gpu0", job_id="job-7", log_dir=str(tmp_path))
+        events.emit("worker.left", worker_id="h1-gpu0", reason="reclaimed", generation=3)
+        line = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])
+        assert line["type"] == "worker.left" and line["source"] == "worker:h1-gpu0"
+        assert line["job_id"] == "job-7" and isinstance(line["ts"], float)
+        (_, fields), = client.xrange(stream)
+        assert json.loads(fields[b"data"]) == line
+    finally:
+        client.delete(stream)
+        events.configure(source="standalone")
+
+
+def test_it_never_lets_a_broken_redis_stop_training(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("EDT_EVENTS_REDIS_URL", "redis://127.0.0.1:1/0")
+    events.configure(source="driver", job_id="j", log_dir=str(tmp_path))
+    try:
+        events.emit("log", stream="stdout", line="still here")
+        assert "still here" in (tmp_path / "events.jsonl").read_text()
+    finally:
+        events.configure(source="standalone")
+
+
+def test_it_drops_a_member_that_stops_heartbeating() -> None:
+    seen = []
+    rdzv = Rendezvous(store_addr="h:1", grace_s=0, peer_timeout_s=0.2,
+                      on_event=lambda t, **f: seen.append((t, f)))
+    import threading
+
+    replies = {}
+    threads = [threading.Thread(target=lambda w=w: replies.update({w: rdzv.join(w, 5)}))
+               for w in ("a", "b")]
+    for t in threads:
+        t.start()
+    while not all(w in rdzv.joiners for w in ("a", "b")):
+        rdzv.tick()
+    while len(replies) < 2:
+        rdzv.tick()
+    for t in threads:
+        t.join()
+    assert rdzv.members == ["a", "b"] and replies["a"]["world_size"] == 2
+    rdzv.heartbeat("a")
+    sync = threading.Thread(target=lambda: replies.update(a=rdzv.sync("a", 1, 5, False, 5)))
+    sync.start()
+    while sync.is_alive():
+        rdzv.heartbeat("a")
+        rdzv.tick()
+    assert replies["a"]["world_size"] == 1 and replies["a"]["generation"] == 2
+    assert ("worker.left", {"worker_id": "b", "reason": "lost", "generation": 1}) in seen
