@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -17,7 +18,22 @@ def _check_member(name: str) -> None:
         raise ValidationError(f"The archive member '{name}' would be written outside the folder.")
 
 
+# What zipfile, tarfile and zlib raise on damaged, truncated or encrypted archives.
+DAMAGED = (
+    zipfile.BadZipFile, zlib.error, tarfile.TarError, EOFError, RuntimeError, NotImplementedError
+)
+
+
 def extract_archive(fileobj: BinaryIO, dest: Path, *, max_bytes: int | None = None) -> Path:
+    """Extract ``fileobj`` into ``dest`` after checking every member; a damaged archive is a
+    ValidationError like any other refusal."""
+    try:
+        return _extract(fileobj, dest, max_bytes=max_bytes)
+    except DAMAGED as exc:
+        raise ValidationError(f"The archive is damaged or encrypted: {exc}") from exc
+
+
+def _extract(fileobj: BinaryIO, dest: Path, *, max_bytes: int | None = None) -> Path:
     """Extract ``fileobj`` into ``dest`` after checking every member; nothing is written when a
     check fails. Returns ``dest``."""
     max_bytes = max_bytes or settings.EDT_MAX_UPLOAD_BYTES
@@ -38,7 +54,7 @@ def extract_archive(fileobj: BinaryIO, dest: Path, *, max_bytes: int | None = No
             if total > max_bytes:
                 raise ValidationError(f"The archive expands to more than {max_bytes} bytes.")
             dest.mkdir(parents=True, exist_ok=True)
-            archive.extractall(dest)  # noqa: S202 (members checked above)
+            archive.extractall(dest, members=infos)  # noqa: S202 (members checked above)
         return dest
     fileobj.seek(0)
     try:

@@ -60,7 +60,10 @@ def dataset_create_from_archive(
     name = _check_name(name)
     dest = settings.EDT_UPLOAD_ROOT / "datasets" / f"{uuid.uuid4().hex}"
     try:
-        extract_archive(archive, dest)
+        try:
+            extract_archive(archive, dest)
+        except ValidationError as exc:
+            raise ValidationError({"archive": exc.messages}) from exc
         train, test = _pick(dest, "train"), _pick(dest, "test")
         with transaction.atomic():
             return Dataset.objects.create(

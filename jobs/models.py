@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from config.ownership import OwnedQuerySet
@@ -22,8 +23,18 @@ class TrainingJobQuerySet(OwnedQuerySet):
 
     def with_workers(self) -> TrainingJobQuerySet:
         """Annotate ``workers_now``: slots the job holds now (granted and not yet released)."""
+        # A correlated subquery, not Count() over a JOIN: with GROUP BY, Django drops
+        # Meta.ordering and the database aggregates every allocation before it can sort and cut
+        # a page (bench/api.py, 10,000 jobs: unordered, or p95 156 ms ordered; 16 ms this way).
+        held = (
+            SlotAllocation.objects.filter(job=models.OuterRef("pk"), released_at__isnull=True)
+            .order_by()
+            .values("job")
+            .annotate(n=models.Count("pk"))
+            .values("n")
+        )
         return self.annotate(
-            workers_now=models.Count("allocations", filter=Q(allocations__released_at__isnull=True))
+            workers_now=Coalesce(models.Subquery(held, output_field=models.IntegerField()), 0)
         )
 
 

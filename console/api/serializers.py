@@ -191,12 +191,16 @@ class JobPrioritySerializer(serializers.Serializer):
 
 
 class JobReorderSerializer(serializers.Serializer):
-    order = serializers.ListField(child=serializers.IntegerField(), min_length=1, max_length=1000)
+    order = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
+        min_length=1,
+        max_length=1000,
+    )
 
 
 class SlotAllocationSerializer(serializers.ModelSerializer):
     host = serializers.CharField(source="host.name", read_only=True)
-    gpu = serializers.CharField(source="gpu.uuid", read_only=True, default=None)
+    gpu = serializers.CharField(source="gpu.uuid", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = SlotAllocation

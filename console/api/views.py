@@ -194,7 +194,7 @@ class JobViewSet(
         )
 
     @extend_schema(request=s.JobReorderSerializer, responses={200: s.JobSerializer(many=True)})
-    @action(detail=False, methods=["post"])
+    @action(detail=False, methods=["post"], pagination_class=None)
     def reorder(self, request):
         """Reassign priorities so they follow the given order of job ids (first = highest)."""
         form = s.JobReorderSerializer(data=request.data)
