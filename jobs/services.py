@@ -148,24 +148,26 @@ def job_set_priority(*, job: TrainingJob, priority: int, user) -> TrainingJob:
 def jobs_reorder(*, user, job_ids: list[int]) -> list[TrainingJob]:
     """Give the listed jobs priorities that preserve the order shown (first = highest).
 
-    The jobs keep the set of priorities they had, redistributed in the new order; where that set
-    has ties, evenly spaced values inside their range are used, so dragging always changes the
-    ranking the user sees."""
+    The jobs keep the set of priorities they had, redistributed in the new order. Where that
+    set has ties (every job at the default 5000, say), they are spread evenly from the lowest
+    up to twice the highest (capped at 10000): dragging job 2 above job 1 at 5000/5000 gives
+    10000/5000, the seed 002 walkthrough's priority change, so a drag changes the shares the
+    user sees and not only the ranking."""
     jobs = list(TrainingJob.objects.visible_to(user).filter(pk__in=job_ids))
     by_id = {job.pk: job for job in jobs}
     missing = [jid for jid in job_ids if jid not in by_id]
     if missing or len(set(job_ids)) != len(job_ids):
         raise ValidationError({"order": f"Unknown or repeated job ids: {missing or job_ids}."})
     old = sorted((job.priority for job in jobs), reverse=True)
-    if len(set(old)) != len(old):
-        top, bottom = old[0], old[-1]
-        if top == bottom:
-            top, bottom = min(PRIORITY_MAX, top + len(old) - 1), max(PRIORITY_MIN, bottom)
-        n = len(old)
-        step = (top - bottom) / (n - 1) if n > 1 else 0
+    n = len(old)
+    if len(set(old)) != n:
+        top, bottom = min(PRIORITY_MAX, 2 * old[0]), old[-1]
+        if top == bottom:  # all at the maximum already: spread downwards instead
+            bottom = max(PRIORITY_MIN, top // 2)
+        step = (top - bottom) / (n - 1)
         old = [round(top - i * step) for i in range(n)]
-        if len(set(old)) != n:  # range too narrow: fall back to consecutive values from the top
-            start = min(PRIORITY_MAX, max(old[0], PRIORITY_MIN + n - 1))
+        if len(set(old)) != n:  # range too narrow: consecutive values from the top
+            start = max(top, PRIORITY_MIN + n - 1)
             old = [start - i for i in range(n)]
     with transaction.atomic():
         for jid, priority in zip(job_ids, old, strict=True):

@@ -87,6 +87,26 @@ def test_reorder_gives_priorities_that_follow_the_order(owner, model_def, cluste
     assert len(set(priorities)) == 3
 
 
+def test_dragging_above_a_tied_job_gives_the_walkthroughs_priorities(owner, model_def, cluster):
+    ig = cluster["instance_group"]
+    job1 = services.job_submit(user=owner, model=model_def, instance_group=ig, max_workers=8)
+    job2 = services.job_submit(user=owner, model=model_def, instance_group=ig, max_workers=8)
+    services.jobs_reorder(user=owner, job_ids=[job2.pk, job1.pk])
+    job1.refresh_from_db()
+    job2.refresh_from_db()
+    assert (job2.priority, job1.priority) == (10000, 5000)
+
+
+def test_reorder_spreads_ties_at_the_maximum_downwards(owner, model_def, cluster):
+    ig = cluster["instance_group"]
+    jobs = [
+        services.job_submit(user=owner, model=model_def, instance_group=ig, priority=10000)
+        for _ in range(3)
+    ]
+    services.jobs_reorder(user=owner, job_ids=[j.pk for j in jobs])
+    assert [TrainingJob.objects.get(pk=j.pk).priority for j in jobs] == [10000, 7500, 5000]
+
+
 def test_reorder_keeps_the_set_of_distinct_priorities(owner, model_def, cluster):
     ig = cluster["instance_group"]
     a = services.job_submit(user=owner, model=model_def, instance_group=ig, priority=7000)
