@@ -75,7 +75,11 @@ def test_an_unknown_policy_is_a_400_naming_the_field(api, admin, cluster):
 
 
 def test_a_dataset_is_created_from_folders(api, owner, roots):
-    body = {"name": "cifar10EDTpytorch", "train_path": "cifar/train_db", "test_path": "cifar/test_db"}
+    body = {
+        "name": "cifar10EDTpytorch",
+        "train_path": "cifar/train_db",
+        "test_path": "cifar/test_db",
+    }
     response = api(owner).post("/api/v1/datasets/", body, format="json")
     assert response.status_code == 201, response.json()
     assert response.json()["type"] == "Any"
@@ -103,8 +107,12 @@ def test_a_dataset_is_uploaded_as_an_archive(api, owner, roots):
 
 
 def test_a_model_is_registered(api, owner, dataset, roots):
-    body = {"name": "m1", "location": "resnet", "dataset": dataset.pk,
-            "hyper_parameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.01}}
+    body = {
+        "name": "m1",
+        "location": "resnet",
+        "dataset": dataset.pk,
+        "hyper_parameters": {"epochs": 3, "batch_size": 32, "learning_rate": 0.01},
+    }
     response = api(owner).post("/api/v1/models/", body, format="json")
     assert response.status_code == 201, response.json()
     assert response.json()["engine"] == "edt"
@@ -123,10 +131,29 @@ def test_train_submits_a_job(api, owner, model_def, cluster):
     response = api(owner).post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 201, response.json()
     job = response.json()
-    for field in ("id", "name", "state", "priority", "max_workers", "workers", "model", "dataset",
-                  "instance_group", "created", "started", "finished", "epoch", "epochs"):
+    for field in (
+        "id",
+        "name",
+        "state",
+        "priority",
+        "max_workers",
+        "workers",
+        "model",
+        "dataset",
+        "instance_group",
+        "created",
+        "started",
+        "finished",
+        "epoch",
+        "epochs",
+    ):
         assert field in job
-    assert (job["state"], job["priority"], job["max_workers"], job["workers"]) == ("PENDING", 5000, 8, 0)
+    assert (job["state"], job["priority"], job["max_workers"], job["workers"]) == (
+        "PENDING",
+        5000,
+        8,
+        0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -140,9 +167,15 @@ def test_train_submits_a_job(api, owner, model_def, cluster):
         ({"model": 999999}, "model"),
     ],
 )
-def test_bad_job_requests_name_the_field_and_store_nothing(api, owner, model_def, cluster, change, field):
-    body = {"model": model_def.pk, "instance_group": cluster["instance_group"].pk,
-            "max_workers": 2, **change}
+def test_bad_job_requests_name_the_field_and_store_nothing(
+    api, owner, model_def, cluster, change, field
+):
+    body = {
+        "model": model_def.pk,
+        "instance_group": cluster["instance_group"].pk,
+        "max_workers": 2,
+        **change,
+    }
     response = api(owner).post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 400
     assert field in response.json()
@@ -192,7 +225,8 @@ def test_allocations_are_the_slot_history(api, owner, job, cluster):
     SlotAllocation.objects.create(job=job, host=host, slot=1, released_at="2026-01-01T00:00:00Z")
     rows = api(owner).get(f"/api/v1/jobs/{job.pk}/allocations/").json()["results"]
     assert [(r["host"], r["slot"], r["released_at"] is None) for r in rows] == [
-        ("host1", 0, True), ("host1", 1, False),
+        ("host1", 0, True),
+        ("host1", 1, False),
     ]
     assert api(owner).get(f"/api/v1/jobs/{job.pk}/").json()["workers"] == 1
 
@@ -200,8 +234,13 @@ def test_allocations_are_the_slot_history(api, owner, job, cluster):
 def test_reorder_assigns_priorities_in_order(api, owner, model_def, cluster):
     ig = cluster["instance_group"].pk
     ids = [
-        api(owner).post("/api/v1/jobs/", {"model": model_def.pk, "instance_group": ig,
-                                          "max_workers": 8}, format="json").json()["id"]
+        api(owner)
+        .post(
+            "/api/v1/jobs/",
+            {"model": model_def.pk, "instance_group": ig, "max_workers": 8},
+            format="json",
+        )
+        .json()["id"]
         for _ in range(2)
     ]
     response = api(owner).post("/api/v1/jobs/reorder/", {"order": ids[::-1]}, format="json")
@@ -214,7 +253,9 @@ def test_a_token_is_issued_for_a_username_and_password(owner, job):
     from rest_framework.test import APIClient
 
     client = APIClient()
-    response = client.post("/api/v1/auth/token/", {"username": "alice", "password": "alice-pass-1234"})
+    response = client.post(
+        "/api/v1/auth/token/", {"username": "alice", "password": "alice-pass-1234"}
+    )
     assert response.status_code == 200
     token = response.json()["token"]
     client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
@@ -244,8 +285,13 @@ def test_the_openapi_schema_is_served_and_valid(api, owner, tmp_path):
     response = api(owner).get("/api/schema/", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
     paths = response.json()["paths"]
-    for path in ("/api/v1/jobs/", "/api/v1/jobs/{id}/", "/api/v1/jobs/{id}/kill/",
-                 "/api/v1/jobs/{id}/allocations/", "/api/v1/auth/token/"):
+    for path in (
+        "/api/v1/jobs/",
+        "/api/v1/jobs/{id}/",
+        "/api/v1/jobs/{id}/kill/",
+        "/api/v1/jobs/{id}/allocations/",
+        "/api/v1/auth/token/",
+    ):
         assert path in paths
     # drf-spectacular validates the generated document against the OpenAPI 3 meta-schema.
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "s.yml"))
