@@ -1,0 +1,225 @@
+"""Benchmark of the live path: from an event published by the runtime to its arrival in the
+browsers' WebSockets.
+
+It starts a real console in a temporary folder (SQLite database, daphne, the ``run_events``
+consumer; Redis from ``REDIS_URL`` or 127.0.0.1:6379), signs 50 WebSocket clients in as the
+job's owner on ``/ws/jobs/<id>/``, then publishes events as the runtime does (``XADD`` to the
+stream, the publisher's ``time.time()`` in ``ts``): alternately a log line and a training
+metric, at a steady rate. Each client records ``arrival - ts`` for every event; the whole path
+is measured: stream read, database write (metric rows, log file), Channels group send, daphne,
+the socket.
+
+Run: .venv/bin/python bench/live.py [--clients 50] [--events 200] [--rate 50]
+(prints a table; the last line is one JSON object with ws_p50_ms and ws_p95_ms)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def prepare(root: Path, tag: str) -> dict[str, str]:
+    """The environment every process of the benchmark console shares."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}",
+        "EDT_VAR_DIR": str(root / "var"),
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "EDT_EVENTS_STREAM": f"edt:bench:{tag}",
+        "EDT_CHANNEL_PREFIX": f"edt-bench-{tag}",
+        "EDT_CACHE_PREFIX": f"edt-bench-{tag}",
+        "EDT_DATA_ROOTS": str(root / "data"),
+        "EDT_MODEL_ROOTS": str(root / "models"),
+        "EDT_RESULT_ROOT": str(root / "results"),
+        "SECRET_KEY": f"bench-{tag}",
+        "DEBUG": "false",
+        "LOG_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for folder in ("var", "data/d/train", "data/d/test", "models/m"):
+        (root / folder).mkdir(parents=True)
+    (root / "models/m/main.py").write_text("print('bench')\n")
+    os.environ.update({k: env[k] for k in env if k.startswith(("EDT_", "DATABASE_", "REDIS_"))})
+    os.environ["SECRET_KEY"] = env["SECRET_KEY"]
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    return env
+
+
+def make_job() -> tuple[int, str]:
+    """A user with one job in this console's database, and a session cookie for them."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from datasets.services import dataset_create
+    from jobs.services import job_submit
+    from models.services import model_create
+    from resources.models import Host, InstanceGroup, ResourceGroup
+
+    user = get_user_model().objects.create_user("bench", password=uuid.uuid4().hex)
+    Host.objects.create(name="bench-host", cpu_slots=4)
+    group = InstanceGroup.objects.create(
+        name="bench", resource_group=ResourceGroup.objects.create(name="bench")
+    )
+    dataset = dataset_create(owner=user, name="d", train_path="d/train", test_path="d/test")
+    model = model_create(owner=user, name="m", location="m", dataset=dataset)
+    job = job_submit(user=user, model=model, instance_group=group, max_workers=4)
+    client = Client()
+    client.force_login(user)
+    return job.pk, client.cookies["sessionid"].value
+
+
+async def run_clients(args, port: int, job_id: int, session: str, stream: str) -> list[float]:
+    import redis.asyncio as aioredis
+    import websockets
+
+    url = f"ws://127.0.0.1:{port}/ws/jobs/{job_id}/"
+    headers = {"Cookie": f"sessionid={session}", "Origin": f"http://127.0.0.1:{port}"}
+    latencies: list[float] = []
+    received = [0] * args.clients
+    clients = [
+        await websockets.connect(url, additional_headers=headers, max_queue=None)
+        for _ in range(args.clients)
+    ]
+
+    async def listen(i: int, ws) -> None:
+        async for raw in ws:
+            now = time.time()
+            message = json.loads(raw)
+            for event in message["events"] if message["type"] == "batch" else [message]:
+                if event.get("bench"):
+                    latencies.append((now - event["ts"]) * 1000)
+                    received[i] += 1
+            if received[i] >= args.events:
+                return
+
+    listeners = [asyncio.create_task(listen(i, ws)) for i, ws in enumerate(clients)]
+    publisher = aioredis.Redis.from_url(os.environ["REDIS_URL"])
+    await asyncio.sleep(0.5)  # let every consumer join its group
+    interval = 1 / args.rate
+    start = time.perf_counter()
+    for n in range(args.events):
+        if n % 2:
+            fields = {"type": "metrics.train", "epoch": 1, "iteration": n, "global_step": n,
+                      "loss": 1 / (n + 1), "accuracy": 0.5, "samples_per_s": 1000.0,
+                      "workers": 4}
+        else:
+            fields = {"type": "log", "stream": "stdout", "line": f"bench line {n}"}
+        event = {**fields, "job_id": str(job_id), "source": "driver", "ts": time.time(),
+                 "bench": n + 1}
+        await publisher.xadd(stream, {"data": json.dumps(event)})
+        await asyncio.sleep(max(0.0, start + (n + 1) * interval - time.perf_counter()))
+    try:
+        await asyncio.wait_for(asyncio.gather(*listeners), timeout=30)
+    except TimeoutError:
+        print(f"warning: only {sum(received)} of {args.events * args.clients} arrived in time")
+    for ws in clients:
+        await ws.close()
+    await publisher.aclose()
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=50, help="events per second")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(ROOT))
+    tag = uuid.uuid4().hex[:10]
+    root = Path(tempfile.mkdtemp(prefix="edt-bench-live-"))
+    env = prepare(root, tag)
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    job_id, session = make_job()
+    port = free_port()
+    logs = [(root / name).open("w") for name in ("daphne.log", "run_events.log")]
+    procs = [
+        subprocess.Popen([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                          "config.asgi:application"], cwd=ROOT, env=env, stdout=logs[0],
+                         stderr=subprocess.STDOUT),
+        subprocess.Popen([python, "manage.py", "run_events", "--consumer", "bench"], cwd=ROOT,
+                         env=env, stdout=logs[1], stderr=subprocess.STDOUT),
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2):  # noqa: S310
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("daphne did not start; see " + str(root)) from None
+                time.sleep(0.2)
+        latencies = asyncio.run(
+            run_clients(args, port, job_id, session, env["EDT_EVENTS_STREAM"])
+        )
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        import redis
+
+        redis.Redis.from_url(env["REDIS_URL"]).delete(env["EDT_EVENTS_STREAM"])
+        shutil.rmtree(root, ignore_errors=True)
+
+    expected = args.clients * args.events
+    if not latencies:
+        raise SystemExit("no event arrived")
+    result = {
+        "ws_p50_ms": round(statistics.median(latencies), 1),
+        "ws_p95_ms": round(percentile(latencies, 95), 1),
+        "ws_p99_ms": round(percentile(latencies, 99), 1),
+        "ws_max_ms": round(max(latencies), 1),
+        "clients": args.clients,
+        "events": args.events,
+        "rate_per_s": args.rate,
+        "delivered": len(latencies),
+        "expected": expected,
+    }
+    print(f"{'clients':>8} {'events':>7} {'rate/s':>7} {'delivered':>10} "
+          f"{'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'max ms':>7}")
+    print(f"{args.clients:>8} {args.events:>7} {args.rate:>7g} {len(latencies):>6}/{expected:<4}"
+          f"{result['ws_p50_ms']:>7} {result['ws_p95_ms']:>7} {result['ws_p99_ms']:>7} "
+          f"{result['ws_max_ms']:>7}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Live pages over WebSockets: one consumer per job page, one per instance group dashboard.
+
+Both join Channels groups that ``jobs.events.ingest`` sends to. A user joins a job's group only
+if ``visible_to`` lets them see the job; on a dashboard every signed-in user may watch the
+cluster's totals, but the job-level details of a job they may not see are stripped before they
+reach the browser.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from config.ownership import is_admin
+from jobs.events import instance_group_group, job_group
+from jobs.models import TrainingJob
+from resources.models import InstanceGroup
+
+# Close codes the pages understand: 4401 = sign in again, 4403/4404 = stop retrying.
+UNAUTHENTICATED = 4401
+FORBIDDEN = 4403
+
+
+class _LiveConsumer(AsyncJsonWebsocketConsumer):
+    groups_joined: list[str]
+
+    async def connect(self) -> None:
+        self.groups_joined = []
+        self.user = self.scope.get("user")
+        if not (self.user and self.user.is_authenticated):
+            await self.close(code=UNAUTHENTICATED)
+            return
+        group = await self.authorised_group()
+        if group is None:
+            await self.close(code=FORBIDDEN)
+            return
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined.append(group)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels runs close_old_connections() in a worker thread before every handler. Live
+        # events touch no database, and that thread hop per event per socket was the largest
+        # cost of the fan-out (bench/live.py); connect and disconnect still get it.
+        if message["type"] == "edt.events":
+            await self.edt_events(message)
+        else:
+            await super().dispatch(message)
+
+    async def edt_events(self, message: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        # The pages only listen; a ping keeps proxies from closing an idle socket.
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+    async def authorised_group(self) -> str | None:
+        raise NotImplementedError
+
+    async def send_events(self, events: list[dict[str, Any]]) -> None:
+        """One frame per batch: a single event as itself, several as ``{"type": "batch"}``."""
+        if len(events) == 1:
+            await self.send_json(events[0])
+        elif events:
+            await self.send_json({"type": "batch", "events": events})
+
+
+class JobConsumer(_LiveConsumer):
+    """``/ws/jobs/<id>/``: every event of one job the user may see."""
+
+    async def authorised_group(self) -> str | None:
+        job_id = self.scope["url_route"]["kwargs"]["job_id"]
+        visible = await database_sync_to_async(
+            TrainingJob.objects.visible_to(self.user).filter(pk=job_id).exists
+        )()
+        return job_group(job_id) if visible else None
+
+    async def edt_events(self, message: dict[str, Any]) -> None:
+        await self.send_events([item["event"] for item in message["events"]])
+
+
+class InstanceGroupConsumer(_LiveConsumer):
+    """``/ws/instance-groups/<id>/``: allocation and state changes of the group's jobs."""
+
+    async def authorised_group(self) -> str | None:
+        group_id = self.scope["url_route"]["kwargs"]["group_id"]
+        exists = await database_sync_to_async(InstanceGroup.objects.filter(pk=group_id).exists)()
+        self.sees_all = is_admin(self.user)
+        return instance_group_group(group_id) if exists else None
+
+    async def edt_events(self, message: dict[str, Any]) -> None:
+        visible = []
+        for item in message["events"]:
+            event = item["event"]
+            if self.sees_all or item.get("owner_id") == self.user.pk:
+                visible.append(event)
+            elif "cluster" in event:
+                # Another user's job: only the cluster's totals change for this viewer.
+                visible.append(
+                    {"type": "cluster.usage", "ts": event.get("ts"), "cluster": event["cluster"]}
+                )
+        await self.send_events(visible)

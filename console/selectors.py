@@ -1,0 +1,245 @@
+"""Reads for the console's pages. Every list starts from ``visible_to(user)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from config.ownership import is_admin
+from datasets.models import Dataset
+from jobs import events, states
+from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
+from models.models import ModelDefinition
+from resources.models import Host, InstanceGroup
+
+# How far back the allocation charts reach when a page loads.
+CHART_WINDOW = timedelta(hours=6)
+RESULT_FOLDERS = ("model", "checkpoint")
+
+
+def datasets_for_user(*, user) -> QuerySet[Dataset]:
+    return Dataset.objects.visible_to(user).select_related("owner")
+
+
+def models_for_user(*, user) -> QuerySet[ModelDefinition]:
+    return ModelDefinition.objects.visible_to(user).select_related("owner", "dataset")
+
+
+def jobs_for_user(*, user) -> QuerySet[TrainingJob]:
+    return (
+        TrainingJob.objects.visible_to(user)
+        .with_workers()
+        .select_related("owner", "model", "instance_group")
+    )
+
+
+def jobs_by_priority(*, user) -> list[TrainingJob]:
+    """Active jobs first, highest priority first (the order the drag list edits), then the
+    ended ones, newest first."""
+    jobs = list(jobs_for_user(user=user).order_by("-created", "-id")[:200])
+    active = sorted(
+        (j for j in jobs if not j.is_terminal), key=lambda j: (-j.priority, j.created, j.pk)
+    )
+    ended = [j for j in jobs if j.is_terminal]
+    return active + ended
+
+
+def eta(job: TrainingJob, now: datetime | None = None) -> timedelta | None:
+    """Time left at the pace so far, from the epochs done; None when there is no pace yet."""
+    if job.state != states.RUNNING or not job.started or not job.epochs or job.epoch <= 0:
+        return None
+    done = min(job.epoch, job.epochs) / job.epochs
+    elapsed = (now or timezone.now()) - job.started
+    return timedelta(seconds=int(elapsed.total_seconds() * (1 - done) / done))
+
+
+def _ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def _step_series(
+    rows: list[tuple[int, datetime, datetime | None]], keys: list[Any], start: datetime
+) -> dict[str, Any]:
+    """Turn allocation rows (key, granted, released) into one stepped series per key, all on
+    the same time points (Chart.js stacks points that share an x value)."""
+    changes: dict[datetime, dict[Any, int]] = {}
+    counts = {key: 0 for key in keys}
+    for key, granted, released in rows:
+        if granted <= start:
+            counts[key] += 1 if (released is None or released > start) else 0
+        else:
+            changes.setdefault(granted, {}).setdefault(key, 0)
+            changes[granted][key] += 1
+        if released is not None and released > start:
+            changes.setdefault(released, {}).setdefault(key, 0)
+            changes[released][key] -= 1
+    times = [_ms(start)]
+    series = {key: [counts[key]] for key in keys}
+    for when in sorted(changes):
+        for key, delta in changes[when].items():
+            counts[key] += delta
+        times.append(_ms(when))
+        for key in keys:
+            series[key].append(counts[key])
+    return {"times": times, "series": series}
+
+
+def _chart_start(rows: list[tuple[Any, datetime, datetime | None]], now: datetime) -> datetime:
+    earliest = min((granted for _, granted, _ in rows), default=now)
+    return max(earliest - timedelta(seconds=1), now - CHART_WINDOW)
+
+
+def cluster_chart(*, instance_group: InstanceGroup, user) -> dict[str, Any]:
+    """The dashboard's stacked chart: one stepped band per visible job, plus one band for
+    the slots held by jobs the user may not see (no names, just the count)."""
+    now = timezone.now()
+    since = now - CHART_WINDOW
+    rows = list(
+        SlotAllocation.objects.filter(job__instance_group=instance_group)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=since))
+        .values_list("job_id", "granted_at", "released_at")
+    )
+    visible = {
+        job.pk: job
+        for job in TrainingJob.objects.visible_to(user)
+        .filter(instance_group=instance_group)
+        .filter(Q(pk__in={r[0] for r in rows}) | Q(state__in=states.ACTIVE))
+        .order_by("created", "id")
+    }
+    others = "others"
+    keyed = [(job_id if job_id in visible else others, g, r) for job_id, g, r in rows]
+    keys: list[Any] = list(visible)
+    if any(key == others for key, _, _ in keyed):
+        keys.append(others)
+    data = _step_series(keyed, keys, _chart_start(rows, now))
+    jobs = [
+        {
+            "id": key,
+            "label": f"#{key} {visible[key]}" if key != others else "Other users' jobs",
+            "data": data["series"][key],
+        }
+        for key in keys
+    ]
+    return {
+        "times": data["times"],
+        "jobs": jobs,
+        "cluster": events.cluster_usage(instance_group.pk),
+        "now": _ms(now),
+    }
+
+
+def job_chart(*, job: TrainingJob) -> dict[str, Any]:
+    rows = list(job.allocations.values_list("job_id", "granted_at", "released_at"))
+    now = timezone.now()
+    data = _step_series(rows, [job.pk], _chart_start(rows, now))
+    return {"times": data["times"], "slots": data["series"][job.pk], "now": _ms(now)}
+
+
+def job_metrics(*, job: TrainingJob, limit: int = 5000) -> dict[str, list[dict[str, Any]]]:
+    """Per-iteration training metrics, per-epoch test metrics and epoch summaries."""
+    def rows(kind: str) -> list[dict[str, Any]]:
+        qs = job.metrics.filter(kind=kind).order_by("-ts", "-id")[:limit]
+        return [
+            {"ts": m.ts.timestamp(), "epoch": m.epoch, "iteration": m.iteration,
+             "workers": m.workers, **m.values}
+            for m in reversed(list(qs))
+        ]
+
+    epochs = [
+        {"ts": e.ts.timestamp(), **e.data}
+        for e in job.events.filter(type="epoch.end").order_by("ts", "id")
+    ]
+    return {"train": rows(JobMetric.Kind.TRAIN), "test": rows(JobMetric.Kind.TEST),
+            "epochs": epochs}
+
+
+def job_events(*, job: TrainingJob, limit: int = 200) -> list[JobEvent]:
+    return list(reversed(list(job.events.order_by("-ts", "-id")[:limit])))
+
+
+def job_log(*, job: TrainingJob, source: str = "", limit: int = 200) -> list[dict[str, Any]]:
+    if not job.result_dir:
+        return []
+    return events.read_log(job.result_dir, source=source, limit=limit)
+
+
+def job_log_sources(*, job: TrainingJob) -> list[str]:
+    return events.log_sources(job.result_dir) if job.result_dir else []
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    path: str  # relative to the job's result folder
+    size: int
+
+
+def job_results(*, job: TrainingJob) -> list[ResultFile]:
+    """Checkpoints, the final model and its ONNX export, the logs."""
+    if not job.result_dir:
+        return []
+    root = Path(job.result_dir)
+    found = []
+    for folder in (*RESULT_FOLDERS, "log"):
+        base = root / folder
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                found.append(ResultFile(str(path.relative_to(root)), path.stat().st_size))
+    return found
+
+
+def result_file(*, job: TrainingJob, relative: str) -> Path | None:
+    """The file a download link names, if it really lies in the job's result folder."""
+    if not job.result_dir or not relative:
+        return None
+    root = Path(job.result_dir).resolve()
+    target = (root / relative).resolve()
+    if root not in target.parents or not target.is_file():
+        return None
+    if target.relative_to(root).parts[0] not in (*RESULT_FOLDERS, "log"):
+        return None
+    return target
+
+
+def pending_jobs(*, instance_group: InstanceGroup, user) -> list[TrainingJob]:
+    return list(
+        TrainingJob.objects.visible_to(user)
+        .filter(instance_group=instance_group, state__in=[states.SUBMITTED, states.PENDING])
+        .with_workers()
+        .order_by("-priority", "created", "id")
+    )
+
+
+def instance_group_summaries(*, user) -> list[dict[str, Any]]:
+    groups = InstanceGroup.objects.select_related("resource_group").order_by("name")
+    return [
+        {
+            "group": group,
+            "cluster": events.cluster_usage(group.pk),
+            "running": TrainingJob.objects.visible_to(user)
+            .filter(instance_group=group, state__in=states.ACTIVE)
+            .count(),
+        }
+        for group in groups
+    ]
+
+
+def hosts_overview() -> list[dict[str, Any]]:
+    hosts = Host.objects.prefetch_related("gpus", "resource_groups").order_by("name")
+    held: dict[int, int] = {}
+    for host_id in SlotAllocation.objects.filter(released_at__isnull=True).values_list(
+        "host_id", flat=True
+    ):
+        held[host_id] = held.get(host_id, 0) + 1
+    return [{"host": host, "gpus": list(host.gpus.all()), "held": held.get(host.pk, 0)}
+            for host in hosts]
+
+
+def can_manage_cluster(user) -> bool:
+    return is_admin(user)

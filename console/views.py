@@ -1,0 +1,355 @@
+"""The console's pages. Thin: fetch with the owner checked (``visible_to``), call a service,
+redirect. Every page works without JavaScript; htmx, Alpine and the live charts only add to it.
+"""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from config.ownership import is_admin
+from console import forms, selectors
+from datasets import services as dataset_services
+from jobs import events, states
+from jobs import services as job_services
+from jobs.models import TrainingJob
+from models import services as model_services
+from resources.models import InstanceGroup, ResourceGroup
+
+
+def admin_required(view):
+    """Only admins manage hosts and groups; others get a 403, not a login loop."""
+
+    @wraps(view)
+    @login_required
+    def wrapped(request: HttpRequest, *args, **kwargs):
+        if not is_admin(request.user):
+            raise PermissionDenied("Only an administrator can change the cluster.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _visible_job(request: HttpRequest, pk: int) -> TrainingJob:
+    return get_object_or_404(selectors.jobs_for_user(user=request.user), pk=pk)
+
+
+# --- overview and cluster ---------------------------------------------------------------------
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    summaries = selectors.instance_group_summaries(user=request.user)
+    if len(summaries) == 1:
+        return redirect("instance-group", pk=summaries[0]["group"].pk)
+    return render(request, "console/home.html", {"summaries": summaries})
+
+
+@login_required
+def hosts(request: HttpRequest) -> HttpResponse:
+    template = "console/_hosts_table.html" if _is_htmx(request) else "console/hosts.html"
+    return render(request, template, {"hosts": selectors.hosts_overview()})
+
+
+@login_required
+def resource_groups(request: HttpRequest) -> HttpResponse:
+    groups = ResourceGroup.objects.prefetch_related("hosts").order_by("name")
+    rows = [{"group": g, "slots": sum(g.slots_by_host().values())} for g in groups]
+    return render(request, "console/resource_groups.html", {"rows": rows})
+
+
+@admin_required
+def resource_group_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
+    group = get_object_or_404(ResourceGroup, pk=pk) if pk else None
+    form = forms.ResourceGroupForm(request.POST or None, instance=group)
+    if request.method == "POST" and form.is_valid():
+        group = form.save()
+        messages.success(request, f"Resource group {group.name} saved.")
+        return redirect("resource-groups")
+    return render(request, "console/resource_group_form.html", {"form": form, "group": group})
+
+
+@login_required
+def instance_groups(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "console/instance_groups.html",
+        {"summaries": selectors.instance_group_summaries(user=request.user)},
+    )
+
+
+@admin_required
+def instance_group_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
+    group = get_object_or_404(InstanceGroup, pk=pk) if pk else None
+    form = forms.InstanceGroupForm(request.POST or None, instance=group)
+    if request.method == "POST" and form.is_valid():
+        group = form.save()
+        messages.success(request, f"Instance group {group.name} saved.")
+        return redirect("instance-groups")
+    return render(request, "console/instance_group_form.html", {"form": form, "group": group})
+
+
+@login_required
+def instance_group_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
+    group = get_object_or_404(InstanceGroup.objects.select_related("resource_group"), pk=pk)
+    context = {
+        "group": group,
+        "cluster": events.cluster_usage(group.pk),
+        "pending": selectors.pending_jobs(instance_group=group, user=request.user),
+        "jobs": selectors.jobs_for_user(user=request.user)
+        .filter(instance_group=group, state__in=states.ACTIVE)
+        .order_by("-priority", "created"),
+    }
+    if _is_htmx(request):
+        return render(request, "console/_dashboard_side.html", context)
+    return render(request, "console/dashboard.html", context)
+
+
+@login_required
+def instance_group_chart(request: HttpRequest, pk: int) -> JsonResponse:
+    group = get_object_or_404(InstanceGroup, pk=pk)
+    return JsonResponse(selectors.cluster_chart(instance_group=group, user=request.user))
+
+
+# --- datasets and models ----------------------------------------------------------------------
+
+
+@login_required
+def datasets(request: HttpRequest) -> HttpResponse:
+    rows = selectors.datasets_for_user(user=request.user)
+    return render(request, "console/datasets.html", {"datasets": rows})
+
+
+@login_required
+def dataset_new(request: HttpRequest) -> HttpResponse:
+    """WMLA's "New" dialog: pick the dataset type (only "Any" here)."""
+    return render(request, "console/dataset_new.html")
+
+
+@login_required
+def dataset_new_any(request: HttpRequest) -> HttpResponse:
+    form = forms.DatasetForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            if data.get("archive"):
+                dataset = dataset_services.dataset_create_from_archive(
+                    owner=request.user, name=data["name"], archive=data["archive"],
+                    description=data["description"],
+                )
+            else:
+                dataset = dataset_services.dataset_create(
+                    owner=request.user, name=data["name"], train_path=data["train_path"],
+                    test_path=data["test_path"], description=data["description"],
+                )
+        except ValidationError as exc:
+            forms.add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Dataset {dataset.name} created.")
+            return redirect("datasets")
+    status = 400 if form.errors else 200
+    return render(request, "console/dataset_form.html", {"form": form}, status=status)
+
+
+@login_required
+def models_list(request: HttpRequest) -> HttpResponse:
+    rows = selectors.models_for_user(user=request.user)
+    return render(request, "console/models.html", {"models": rows})
+
+
+@login_required
+def model_new(request: HttpRequest) -> HttpResponse:
+    form = forms.ModelDefinitionForm(
+        request.POST or None, request.FILES or None,
+        datasets=selectors.datasets_for_user(user=request.user),
+    )
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        fields = {
+            "owner": request.user, "name": data["name"], "dataset": data["dataset"],
+            "main_file": data["main_file"], "description": data["description"],
+            "framework": data["framework"], "engine": data["engine"],
+            "hyper_parameters": form.hyper_parameters(),
+        }
+        try:
+            if data.get("archive"):
+                model = model_services.model_create_from_archive(archive=data["archive"], **fields)
+            else:
+                model = model_services.model_create(location=data["location"], **fields)
+        except ValidationError as exc:
+            forms.add_service_errors(form, exc, aliases={"archive": "archive"})
+        else:
+            messages.success(request, f"Model {model.name} added.")
+            return redirect("models")
+    step = form.step_with_errors() if form.errors else 0
+    status = 400 if form.errors else 200
+    return render(request, "console/model_form.html", {"form": form, "step": step}, status=status)
+
+
+# --- training -----------------------------------------------------------------------------------
+
+
+@login_required
+def train(request: HttpRequest, model_id: int | None = None) -> HttpResponse:
+    models = selectors.models_for_user(user=request.user)
+    initial = {}
+    if model_id is not None:
+        initial["model"] = get_object_or_404(models, pk=model_id)
+    groups = InstanceGroup.objects.order_by("name")
+    if len(groups) == 1:
+        initial["instance_group"] = groups[0]
+    form = forms.TrainForm(request.POST or None, initial=initial, models=models)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            job = job_services.job_submit(
+                user=request.user, model=data["model"], instance_group=data["instance_group"],
+                max_workers=data["max_workers"], devices_per_worker=data["devices_per_worker"],
+                priority=data["priority"], name=data["name"],
+            )
+        except ValidationError as exc:
+            forms.add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Job {job.pk} submitted.")
+            return redirect("job", pk=job.pk)
+    status = 400 if form.errors else 200
+    return render(request, "console/train.html", {"form": form, "models": models}, status=status)
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+def _jobs_context(request: HttpRequest) -> dict:
+    jobs = selectors.jobs_by_priority(user=request.user)
+    for job in jobs:
+        job.eta = selectors.eta(job)
+    return {
+        "active": [j for j in jobs if not j.is_terminal],
+        "ended": [j for j in jobs if j.is_terminal],
+    }
+
+
+def _jobs_response(request: HttpRequest) -> HttpResponse:
+    if _is_htmx(request):
+        return render(request, "console/_job_rows.html", _jobs_context(request))
+    return redirect("jobs")
+
+
+@login_required
+def jobs(request: HttpRequest) -> HttpResponse:
+    template = "console/_job_rows.html" if _is_htmx(request) else "console/jobs.html"
+    return render(request, template, _jobs_context(request))
+
+
+@login_required
+@require_POST
+def jobs_reorder(request: HttpRequest) -> HttpResponse:
+    form = forms.ReorderForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise ValidationError(form.errors.get("order", ["Bad order."]))
+        job_services.jobs_reorder(user=request.user, job_ids=form.cleaned_data["order"])
+    except (ValidationError, PermissionDenied) as exc:
+        messages.error(request, " ".join(getattr(exc, "messages", [str(exc)])))
+    return _jobs_response(request)
+
+
+@login_required
+@require_POST
+def job_priority(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _visible_job(request, pk)
+    form = forms.PriorityForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise ValidationError(form.errors["priority"])
+        job_services.job_set_priority(job=job, priority=form.cleaned_data["priority"],
+                                      user=request.user)
+    except (ValidationError, PermissionDenied) as exc:
+        messages.error(request, f"Job {job.pk}: " + " ".join(getattr(exc, "messages", [str(exc)])))
+    else:
+        messages.success(request, f"Job {job.pk} priority set to {job.priority}.")
+    if request.POST.get("next") == "job":
+        return redirect("job", pk=job.pk)
+    return _jobs_response(request)
+
+
+@login_required
+def job_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET asks for confirmation; POST stops the job."""
+    job = _visible_job(request, pk)
+    if request.method == "POST":
+        try:
+            job_services.job_kill(job=job, user=request.user)
+        except (ValidationError, PermissionDenied) as exc:
+            messages.error(request, " ".join(getattr(exc, "messages", [str(exc)])))
+        else:
+            messages.success(request, f"Stop requested for job {job.pk}.")
+        return redirect("job", pk=job.pk)
+    return render(request, "console/job_stop.html", {"job": job})
+
+
+@login_required
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _visible_job(request, pk)
+    source = request.GET.get("source", "")
+    context = {
+        "job": job,
+        "eta": selectors.eta(job),
+        "events": selectors.job_events(job=job),
+        "log": selectors.job_log(job=job, source=source),
+        "sources": selectors.job_log_sources(job=job),
+        "source": source,
+        "results": selectors.job_results(job=job),
+        "can_stop": not job.is_terminal,
+    }
+    return render(request, "console/job.html", context)
+
+
+@login_required
+def job_history(request: HttpRequest, pk: int) -> JsonResponse:
+    """Everything the live job page draws, from the database: on load and on every reconnect
+    the page redraws from this, then applies live events, so a reload loses nothing."""
+    job = _visible_job(request, pk)
+    return JsonResponse(
+        {
+            "job": {
+                "id": job.pk, "state": job.state, "slots": job.workers_now,
+                "max_workers": job.max_workers, "priority": job.priority,
+                "epoch": job.epoch, "epochs": job.epochs, "iteration": job.iteration,
+            },
+            "chart": selectors.job_chart(job=job),
+            "metrics": selectors.job_metrics(job=job),
+            "events": [
+                {"type": e.type, "source": e.source, "message": e.message,
+                 "ts": e.ts.timestamp(), "seq": e.data.get("seq")}
+                for e in selectors.job_events(job=job)
+            ],
+            "log": selectors.job_log(job=job, limit=500),
+        }
+    )
+
+
+@login_required
+def job_results(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _visible_job(request, pk)
+    return render(request, "console/_job_results.html",
+                  {"job": job, "results": selectors.job_results(job=job)})
+
+
+@login_required
+def job_result_download(request: HttpRequest, pk: int, path: str) -> FileResponse:
+    job = _visible_job(request, pk)
+    target = selectors.result_file(job=job, relative=path)
+    if target is None:
+        raise Http404("No such result file.")
+    return FileResponse(target.open("rb"), as_attachment=True, filename=target.name)

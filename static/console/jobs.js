@@ -1,0 +1,36 @@
+/* The jobs list: drag active jobs to reorder their priorities (SortableJS), and keep the
+ * table fresh without fighting the user (no refresh while dragging or typing a priority). */
+(function () {
+  "use strict";
+  let dragging = false;
+
+  function init(scope) {
+    const body = (scope.querySelector && scope.querySelector("#job-rows[data-sortable]")) ||
+      (scope.id === "job-rows" ? scope : null);
+    if (!body || body.dataset.sortableReady) return;
+    body.dataset.sortableReady = "1";
+    const before = () => [...body.querySelectorAll("tr[data-job-id]")].map((tr) => tr.dataset.jobId).join(",");
+    let start = before();
+    Sortable.create(body, {
+      handle: ".handle",
+      draggable: "tr[data-job-id]",
+      animation: 120,
+      // Mouse events instead of native drag and drop: the same on every browser and in tests.
+      forceFallback: true,
+      onStart: () => { dragging = true; start = before(); },
+      onEnd: () => {
+        dragging = false;
+        // The hidden order inputs moved with their rows, so the form posts the new order.
+        if (before() !== start) document.getElementById("reorder-form").requestSubmit();
+      },
+    });
+  }
+
+  window.EDTJobs = {
+    idle: () => !dragging && !(document.activeElement && document.activeElement.closest("#jobs-live input")),
+  };
+  document.addEventListener("DOMContentLoaded", () => {
+    init(document);
+    htmx.onLoad((content) => init(content));
+  });
+})();

@@ -1,0 +1,457 @@
+/* Live pages: the cluster dashboard and the job page.
+ *
+ * Every page first draws its history from the database (a JSON view), then applies the events
+ * the server pushes over a WebSocket. The history is fetched again each time the socket
+ * (re)opens, and events that arrive meanwhile are held back and applied after it, so a reload
+ * or a reconnect never loses what happened in between. Allocation events carry absolute slot
+ * counts, so applying one twice is harmless.
+ */
+(function () {
+  "use strict";
+
+  const PALETTE = ["#0f62fe", "#ff7eb6", "#198038", "#8a3ffc", "#fa4d56", "#1192e8", "#b28600",
+    "#007d79", "#d12771", "#6929c4", "#9f1853", "#005d5d"];
+  const OTHERS = "others";
+
+  function colour(key, index) {
+    if (key === OTHERS) return "#a8a8a8";
+    const n = Number(key);
+    return PALETTE[(Number.isFinite(n) ? n : index) % PALETTE.length];
+  }
+
+  function clock(ms) {
+    const d = new Date(ms);
+    return [d.getHours(), d.getMinutes(), d.getSeconds()]
+      .map((v) => String(v).padStart(2, "0")).join(":");
+  }
+
+  function msOf(event) {
+    return typeof event.ts === "number" ? event.ts * 1000 : Date.now();
+  }
+
+  /* A WebSocket that reconnects with backoff. `onOpen` returns a promise (the catch-up from
+   * the database); events received before it settles are buffered, then applied in order. */
+  function connect(path, { onOpen, onEvent, statusEl }) {
+    let delay = 500;
+    let buffer = null;
+    function setStatus(on, text) {
+      if (!statusEl) return;
+      statusEl.textContent = text || (on ? "live" : "reconnecting…");
+      statusEl.classList.toggle("on", on);
+    }
+    function open() {
+      const proto = location.protocol === "https:" ? "wss:" : "ws:";
+      const ws = new WebSocket(proto + "//" + location.host + path);
+      buffer = [];
+      ws.onopen = () => {
+        delay = 500;
+        Promise.resolve()
+          .then(onOpen)
+          .catch((err) => console.error("catch-up failed", err))
+          .then(() => {
+            const held = buffer || [];
+            buffer = null;
+            held.forEach(onEvent);
+            setStatus(true);
+          });
+      };
+      ws.onmessage = (message) => {
+        let event;
+        try { event = JSON.parse(message.data); } catch (err) { return; }
+        // Under load the server sends what piled up as one batch, in order.
+        const batch = event.type === "batch" ? event.events : [event];
+        if (buffer) buffer.push(...batch); else batch.forEach(onEvent);
+      };
+      ws.onclose = (e) => {
+        if (e.code === 4401 || e.code === 4403) {
+          setStatus(false, e.code === 4401 ? "signed out" : "not allowed");
+          return; // retrying cannot help
+        }
+        setStatus(false);
+        setTimeout(open, delay);
+        delay = Math.min(delay * 2, 10000);
+      };
+    }
+    open();
+  }
+
+  /* Stepped bands on a time axis, stacked or not. All bands share the same time points
+   * (Chart.js stacks points that share an x value); the last point of each band is a "now"
+   * point that the clock keeps moving, so the bands reach the present. */
+  class StepChart {
+    constructor(canvas, { stacked, title }) {
+      this.stacked = stacked;
+      this.chart = new Chart(canvas, {
+        type: "line",
+        data: { datasets: [] },
+        options: {
+          animation: false,
+          maintainAspectRatio: false,
+          normalized: true,
+          interaction: { mode: "nearest", axis: "x", intersect: false },
+          elements: { point: { radius: 0 }, line: { borderWidth: 1.5 } },
+          scales: {
+            x: { type: "linear", ticks: { callback: (v) => clock(v), maxTicksLimit: 8 } },
+            y: { stacked: stacked, beginAtZero: true, ticks: { precision: 0 },
+                 title: { display: true, text: title || "slots" } },
+          },
+          plugins: {
+            legend: { position: "bottom" },
+            tooltip: { callbacks: { title: (items) => items.length ? clock(items[0].parsed.x) : "" } },
+          },
+        },
+      });
+      this.times = [];
+    }
+
+    _dataset(key, label, index) {
+      const c = colour(key, index);
+      return {
+        key: key, label: label, data: [], stepped: true, borderColor: c,
+        backgroundColor: c + (this.stacked ? "99" : "33"),
+        fill: this.stacked ? (index === 0 ? "origin" : "-1") : "origin",
+      };
+    }
+
+    load(times, bands, now) {
+      this.times = times.slice();
+      const end = Math.max(now || Date.now(), times[times.length - 1] || 0);
+      this.chart.data.datasets = bands.map((band, i) => {
+        const ds = this._dataset(band.key, band.label, i);
+        ds.data = times.map((t, j) => ({ x: t, y: band.data[j] }));
+        ds.data.push({ x: end, y: band.data[band.data.length - 1] || 0 });
+        return ds;
+      });
+      this.chart.update("none");
+    }
+
+    keys() { return this.chart.data.datasets.map((ds) => ds.key); }
+
+    has(key) { return this.keys().includes(key); }
+
+    value(key) {
+      const ds = this.chart.data.datasets.find((d) => d.key === key);
+      return ds && ds.data.length ? ds.data[ds.data.length - 1].y : 0;
+    }
+
+    total(exceptKey) {
+      return this.chart.data.datasets.filter((d) => d.key !== exceptKey)
+        .reduce((sum, d) => sum + this.value(d.key), 0);
+    }
+
+    /* Set one band's value from time `ms` on. */
+    set(key, value, ms, label) {
+      const sets = this.chart.data.datasets;
+      if (!this.has(key)) {
+        const ds = this._dataset(key, label || "#" + key, sets.length);
+        ds.data = this.times.map((t) => ({ x: t, y: 0 }));
+        ds.data.push({ x: Date.now(), y: 0 });
+        if (key === OTHERS || !this.has(OTHERS)) sets.push(ds);
+        else sets.splice(sets.length - 1, 0, ds); // keep "others" on top
+        sets.forEach((d, i) => { if (this.stacked) d.fill = i === 0 ? "origin" : "-1"; });
+      }
+      const last = this.times.length ? this.times[this.times.length - 1] : -Infinity;
+      const t = Math.max(ms, last);
+      if (t === last) {
+        // Same instant as the previous change: amend it instead of adding a zero-width step.
+        for (const ds of sets) {
+          const point = ds.data[ds.data.length - 2];
+          if (ds.key === key && point) point.y = value;
+        }
+      } else {
+        this.times.push(t);
+        for (const ds of sets) {
+          const nowPoint = ds.data[ds.data.length - 1];
+          const y = ds.key === key ? value : nowPoint.y;
+          nowPoint.x = t;
+          nowPoint.y = y;
+          ds.data.push({ x: Math.max(t, Date.now()), y: y });
+        }
+      }
+      for (const ds of sets) if (ds.key === key) ds.data[ds.data.length - 1].y = value;
+      this.chart.update("none");
+    }
+
+    tick() {
+      const now = Date.now();
+      for (const ds of this.chart.data.datasets) {
+        const p = ds.data[ds.data.length - 1];
+        if (p && p.x < now) p.x = now;
+      }
+      this.chart.update("none");
+    }
+  }
+
+  /* A plain line chart fed point by point (metrics). */
+  class SeriesChart {
+    constructor(canvas, { x, y, y2, stepped }) {
+      this.stepped = stepped || {};
+      this.chart = new Chart(canvas, {
+        type: "line",
+        data: { datasets: [] },
+        options: {
+          animation: false, maintainAspectRatio: false, normalized: true,
+          elements: { point: { radius: 0 }, line: { borderWidth: 1.5 } },
+          interaction: { mode: "nearest", axis: "x", intersect: false },
+          scales: {
+            x: { type: "linear", title: { display: true, text: x } },
+            y: { title: { display: !!y, text: y || "" } },
+            y2: { position: "right", display: "auto", grid: { drawOnChartArea: false },
+                  title: { display: !!y2, text: y2 || "" } },
+          },
+          plugins: { legend: { position: "bottom" } },
+        },
+      });
+    }
+
+    add(name, x, y, axis) {
+      if (typeof y !== "number" || !Number.isFinite(y)) return;
+      let ds = this.chart.data.datasets.find((d) => d.label === name);
+      if (!ds) {
+        const c = PALETTE[this.chart.data.datasets.length % PALETTE.length];
+        ds = { label: name, data: [], borderColor: c, backgroundColor: c,
+               yAxisID: axis || "y", stepped: !!this.stepped[name] };
+        this.chart.data.datasets.push(ds);
+      }
+      ds.data.push({ x: x, y: y });
+    }
+
+    clear() { this.chart.data.datasets = []; }
+
+    draw() { this.chart.update("none"); }
+  }
+
+  // --- the cluster dashboard ------------------------------------------------------------
+
+  function dashboard(root) {
+    const chart = new StepChart(document.getElementById("cluster-chart"), { stacked: true });
+    const statusEl = document.querySelector("[data-live-status]");
+    let reloading = null;
+
+    function totals(cluster) {
+      for (const name of ["total", "used", "free"]) {
+        const el = document.querySelector("[data-" + name + "]");
+        if (el && cluster && name in cluster) el.textContent = cluster[name];
+      }
+    }
+
+    async function load() {
+      const response = await fetch(root.dataset.chartUrl, { credentials: "same-origin" });
+      const data = await response.json();
+      chart.load(data.times, data.jobs.map((j) => ({ key: String(j.id), label: j.label, data: j.data })), data.now);
+      totals(data.cluster);
+    }
+
+    function reload() {
+      // A job this page has no band for yet: redraw from the database (it has the name).
+      if (!reloading) reloading = load().finally(() => { reloading = null; });
+      return reloading;
+    }
+
+    function changed() { document.body.dispatchEvent(new CustomEvent("edt:changed")); }
+
+    function onEvent(ev) {
+      if (ev.cluster) totals(ev.cluster);
+      const ms = msOf(ev);
+      if (ev.type === "cluster.usage") {
+        const others = Math.max(0, ev.cluster.used - chart.total(OTHERS));
+        if (others !== chart.value(OTHERS)) chart.set(OTHERS, others, ms, "Other users' jobs");
+        changed();
+        return;
+      }
+      if (ev.job_id === undefined) return;
+      const key = String(ev.job_id);
+      if (typeof ev.slots === "number") {
+        if (!chart.has(key)) { reload(); changed(); return; }
+        if (chart.value(key) !== ev.slots) chart.set(key, ev.slots, ms);
+        const cell = document.querySelector('[data-job-slots="' + key + '"]');
+        if (cell) cell.textContent = ev.slots;
+      }
+      if (ev.type.startsWith("job.") || typeof ev.slots === "number") changed();
+    }
+
+    connect(root.dataset.ws, { onOpen: load, onEvent: onEvent, statusEl: statusEl });
+    setInterval(() => chart.tick(), 1000);
+  }
+
+  // --- the job page -------------------------------------------------------------------------
+
+  const METRIC_META = new Set(["ts", "epoch", "iteration", "workers", "global_step",
+    "samples_per_s", "type", "job_id", "source", "seq", "samples", "duration_s"]);
+
+  function jobPage(root) {
+    const statusEl = document.querySelector("[data-live-status]");
+    const slots = new StepChart(document.getElementById("slots-chart"), { stacked: false });
+    const loss = new SeriesChart(document.getElementById("loss-chart"), { x: "step", y: "loss", y2: "metric" });
+    const perEpoch = new SeriesChart(document.getElementById("epoch-chart"), { x: "epoch", y: "loss", y2: "metric" });
+    const speed = new SeriesChart(document.getElementById("speed-chart"), { x: "step", y: "samples/s", y2: "workers", stepped: { workers: true } });
+    const logEl = root.querySelector("[data-log]");
+    const filterEl = root.querySelector("[data-log-filter]");
+    const eventsEl = root.querySelector("[data-events]");
+    const jobKey = root.dataset.ws.match(/(\d+)\/?$/)[1];
+    // What the page already shows, so that events overlapping the catch-up are not shown twice:
+    // log lines and events by stream id, metrics (one driver, in order) by time.
+    let seenLog = new Set();
+    let seenEvent = new Set();
+    let lastMetric = {};
+    let step = 0;
+
+    const key = (ev) => ev.seq || ev.type + "|" + (ev.source || "") + "|" + Math.round((ev.ts || 0) * 1e6);
+
+    function addTrain(m) {
+      step = typeof m.global_step === "number" ? m.global_step : step + 1;
+      for (const [name, value] of Object.entries(m)) {
+        if (METRIC_META.has(name)) continue;
+        loss.add("train " + name, step, value, name === "loss" ? "y" : "y2");
+      }
+      speed.add("samples/s", step, m.samples_per_s, "y");
+      speed.add("workers", step, m.workers, "y2");
+    }
+
+    function addEpoch(m, prefix) {
+      for (const [name, value] of Object.entries(m)) {
+        if (METRIC_META.has(name) || name === "message") continue;
+        perEpoch.add(prefix + " " + name, m.epoch, value, name === "loss" ? "y" : "y2");
+      }
+    }
+
+    function applyFilter(line) {
+      const want = filterEl ? filterEl.value : "";
+      const lines = line ? [line] : logEl.querySelectorAll(".line");
+      lines.forEach((el) => el.classList.toggle("hidden", !!want && el.dataset.source !== want));
+    }
+
+    function addSource(source) {
+      if (!filterEl || !source) return;
+      if ([...filterEl.options].some((o) => o.value === source)) return;
+      const option = document.createElement("option");
+      option.value = option.textContent = source;
+      filterEl.appendChild(option);
+    }
+
+    function appendLog(rec) {
+      const stick = logEl.scrollTop + logEl.clientHeight >= logEl.scrollHeight - 8;
+      const line = document.createElement("span");
+      line.className = "line";
+      line.dataset.source = rec.source || "";
+      const src = document.createElement("span");
+      src.className = "src";
+      src.textContent = "[" + (rec.source || "?") + "]";
+      line.append(src, " " + (rec.line || "") + "\n");
+      logEl.appendChild(line);
+      addSource(rec.source);
+      applyFilter(line);
+      while (logEl.childElementCount > 2000) logEl.firstElementChild.remove();
+      if (stick) logEl.scrollTop = logEl.scrollHeight;
+    }
+
+    function appendEvent(ev) {
+      const li = document.createElement("li");
+      li.dataset.type = ev.type;
+      const time = document.createElement("time");
+      time.textContent = clock(msOf(ev));
+      const type = document.createElement("b");
+      type.textContent = ev.type;
+      const source = document.createElement("small");
+      source.textContent = ev.source || "";
+      li.append(time, " ", type, " " + (ev.message || describe(ev)) + " ", source);
+      eventsEl.appendChild(li);
+      eventsEl.scrollTop = eventsEl.scrollHeight;
+    }
+
+    function describe(ev) {
+      const skip = new Set(["type", "job_id", "source", "ts", "seq", "cluster", "traceback"]);
+      return Object.entries(ev).filter(([k]) => !skip.has(k))
+        .map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(" ");
+    }
+
+    function setText(selector, text) {
+      const el = root.querySelector(selector);
+      if (el) el.textContent = text;
+    }
+
+    function progress(epoch, iteration) {
+      return "epoch " + epoch + "/" + (root.dataset.epochs || "?") +
+        (iteration ? ", iteration " + iteration : "");
+    }
+
+    function setState(state) {
+      const el = root.querySelector("[data-state]");
+      if (!el || !state) return;
+      el.textContent = state;
+      el.className = "state state-" + state.toLowerCase();
+    }
+
+    async function history() {
+      const response = await fetch(root.dataset.historyUrl, { credentials: "same-origin" });
+      const h = await response.json();
+      setState(h.job.state);
+      setText("[data-slots]", h.job.slots);
+      setText("[data-progress]", progress(h.job.epoch, h.job.iteration));
+      slots.load(h.chart.times, [{ key: jobKey, label: "slots", data: h.chart.slots }], h.chart.now);
+      loss.clear(); perEpoch.clear(); speed.clear();
+      step = 0;
+      const latest = (rows) => rows.reduce((t, m) => Math.max(t, m.ts), -Infinity);
+      lastMetric = { "metrics.train": latest(h.metrics.train), "metrics.test": latest(h.metrics.test) };
+      h.metrics.train.forEach(addTrain);
+      h.metrics.test.forEach((m) => addEpoch(m, "test"));
+      h.metrics.epochs.forEach((m) => addEpoch(m, "train"));
+      loss.draw(); perEpoch.draw(); speed.draw();
+      logEl.replaceChildren();
+      seenLog = new Set();
+      h.log.forEach((rec) => { appendLog(rec); if (rec.id) seenLog.add(rec.id); });
+      eventsEl.replaceChildren();
+      seenEvent = new Set();
+      h.events.forEach((ev) => { appendEvent(ev); seenEvent.add(key(ev)); });
+    }
+
+    function onEvent(ev) {
+      const t = ev.type;
+      if (t === "log") {
+        if (ev.seq && seenLog.has(ev.seq)) return;
+        if (ev.seq) seenLog.add(ev.seq);
+        appendLog(ev);
+        return;
+      }
+      if (t === "metrics.train" || t === "metrics.test") {
+        // The database keeps microseconds: anything up to the last stored one is shown already.
+        if (ev.ts <= (lastMetric[t] ?? -Infinity) + 1e-6) return;
+        lastMetric[t] = ev.ts;
+        if (t === "metrics.train") {
+          addTrain(ev); loss.draw(); speed.draw();
+          setText("[data-progress]", progress(ev.epoch, ev.iteration));
+        } else {
+          addEpoch(ev, "test"); perEpoch.draw();
+        }
+        return;
+      }
+      if (seenEvent.has(key(ev))) return;
+      seenEvent.add(key(ev));
+      appendEvent(ev);
+      if (t === "epoch.end") { addEpoch(ev, "train"); perEpoch.draw(); }
+      if (typeof ev.slots === "number") {
+        setText("[data-slots]", ev.slots);
+        if (slots.value(jobKey) !== ev.slots) slots.set(jobKey, ev.slots, msOf(ev));
+      }
+      if (t === "job.state") setState(ev.state);
+      if (t === "checkpoint.saved" || t === "model.saved") {
+        document.body.dispatchEvent(new CustomEvent("edt:results"));
+      }
+    }
+
+    if (filterEl) filterEl.addEventListener("change", () => applyFilter());
+    connect(root.dataset.ws, { onOpen: history, onEvent: onEvent, statusEl: statusEl });
+    setInterval(() => slots.tick(), 1000);
+  }
+
+  function start() {
+    const dash = document.querySelector("[data-dashboard]");
+    if (dash) dashboard(dash);
+    const job = document.querySelector("[data-job-page]");
+    if (job) jobPage(job);
+  }
+
+  window.EDTLive = { StepChart: StepChart, connect: connect };
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

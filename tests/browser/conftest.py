@@ -1,0 +1,171 @@
+"""A real console for the browser tests: its own SQLite database and folders, a daphne ASGI
+server (so WebSockets work), the ``run_events`` consumer and the scheduler stand-in, each in
+its own process, and Debian's Chromium driven by Playwright.
+
+Nothing here touches the test database of the other tests: the processes get their settings
+through the environment, as in production, and the tests only act through the browser (and
+publish runtime events to the stream, as a training process would)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = os.environ.get("EDT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--disable-gpu",
+]
+
+
+@dataclass
+class Console:
+    url: str
+    env: dict[str, str]
+    root: Path
+    seeded_job: int  # alice's job in instance group seed-ig, max 2 workers
+    password: str = "browser-pass-1234"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode} before answering")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - local URL
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer within {timeout}s")
+
+
+@pytest.fixture(scope="session")
+def console(tmp_path_factory) -> Console:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: apt-get install chromium")
+    from django.conf import settings
+
+    root = tmp_path_factory.mktemp("console")
+    tag = uuid.uuid4().hex[:10]
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}",
+        "EDT_VAR_DIR": str(root / "var"),
+        "REDIS_URL": settings.REDIS_URL,
+        "EDT_EVENTS_STREAM": f"edt:browser:{tag}",
+        "EDT_CHANNEL_PREFIX": f"edt-browser-{tag}",
+        "EDT_CACHE_PREFIX": f"edt-browser-{tag}",
+        "EDT_DATA_ROOTS": str(root / "data"),
+        "EDT_MODEL_ROOTS": str(root / "models"),
+        "EDT_RESULT_ROOT": str(root / "results"),
+        "EDT_UPLOAD_ROOT": str(root / "uploads"),
+        "SECRET_KEY": f"browser-tests-{tag}",
+        "DEBUG": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for folder in ("data", "models", "var"):
+        (root / folder).mkdir()
+    python = sys.executable
+    logs = root / "logs"
+    logs.mkdir()
+
+    def run(*args: str) -> str:
+        return subprocess.run([python, *args], cwd=ROOT, env=env, check=True, text=True,
+                              stdout=subprocess.PIPE, stderr=(logs / "setup.log").open("a")).stdout
+
+    run("manage.py", "migrate", "--noinput")
+    seeded = json.loads(run("tests/browser/standin_scheduler.py", "seed").splitlines()[-1])
+
+    def start(name: str, *args: str) -> subprocess.Popen:
+        out = (logs / f"{name}.log").open("w")
+        return subprocess.Popen([python, *args], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+    procs = [
+        start("daphne", "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+              "config.asgi:application"),
+        start("run_events", "manage.py", "run_events", "--consumer", "browser-tests",
+              "--block-ms", "200"),
+        start("scheduler", "tests/browser/standin_scheduler.py", "run"),
+    ]
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/login/", procs[0])
+        yield Console(url=f"http://127.0.0.1:{port}", env=env, root=root,
+                      seeded_job=seeded["seeded_job"])
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        import redis
+
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        client.delete(env["EDT_EVENTS_STREAM"])
+        for name in ("daphne", "run_events", "scheduler"):
+            text = (logs / f"{name}.log").read_text(errors="replace")
+            if "Traceback" in text:
+                print(f"--- {name}.log ---\n{text[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    # The sync Playwright API runs an event loop in this thread; Django code called from the
+    # tests must not refuse to run because of it. Only while the browser tests run: elsewhere
+    # that check finds real mistakes.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def page(chromium, console):
+    context = chromium.new_context(base_url=console.url, viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS

@@ -1,0 +1,284 @@
+"""The console in a real browser (Chromium through Playwright) against a real ASGI server:
+the seed 002 tutorial clicked through, live updates without reload, and what another user
+sees. Screenshots of the dashboard and a job page are kept under ``test-artifacts/``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+pytestmark = pytest.mark.browser
+
+# Last value of every band of a chart, keyed by band (job id) or label.
+BANDS_JS = """(id) => {
+  const chart = Chart.getChart(id);
+  if (!chart) return null;
+  const out = {};
+  for (const ds of chart.data.datasets) {
+    out[ds.key ?? ds.label] = ds.data.length ? ds.data[ds.data.length - 1].y : null;
+  }
+  return out;
+}"""
+
+# Share of the canvas's pixels that something was drawn on: axes alone stay far below 10%.
+PAINTED_JS = """(id) => {
+  const canvas = document.getElementById(id);
+  const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  let painted = 0;
+  for (let i = 3; i < pixels.length; i += 4) if (pixels[i] > 0) painted++;
+  return painted / (canvas.width * canvas.height);
+}"""
+
+
+def log_in(page: Page, username: str, password: str) -> None:
+    page.goto("/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button:has-text('Log in')")
+    page.wait_for_url(lambda url: "/login/" not in url)
+
+
+def log_out(page: Page) -> None:
+    page.click("button:has-text('Log out')")
+    page.wait_for_url(re.compile(r"/login/"))
+
+
+def bands(page: Page, canvas: str) -> dict:
+    return page.evaluate(BANDS_JS, canvas)
+
+
+def wait_for_bands(page: Page, canvas: str, expected: dict[str, int], timeout: float = 15) -> None:
+    """Wait until the chart's bands end at ``expected`` (bands not named must be at 0)."""
+    check = """([id, expected]) => {
+      const chart = Chart.getChart(id);
+      if (!chart) return false;
+      const got = {};
+      for (const ds of chart.data.datasets) got[ds.key ?? ds.label] = ds.data[ds.data.length - 1].y;
+      return Object.keys({...got, ...expected}).every((k) => (got[k] ?? 0) === (expected[k] ?? 0));
+    }"""
+    try:
+        page.wait_for_function(check, arg=[canvas, expected], timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(
+            f"chart {canvas} shows {bands(page, canvas)} after {timeout}s, expected {expected}"
+        ) from None
+
+
+def job_id_from(page: Page) -> str:
+    match = re.search(r"/jobs/(\d+)/", page.url)
+    assert match, f"not on a job page: {page.url}"
+    return match.group(1)
+
+
+def assert_painted(page: Page, canvas: str, at_least: float) -> None:
+    share = page.evaluate(PAINTED_JS, canvas)
+    assert share >= at_least, f"chart {canvas} is nearly empty: {share:.1%} of it painted"
+
+
+def train(page: Page, model: str, group: str, max_workers: int) -> str:
+    page.click("nav >> text=Train")
+    page.select_option("#id_model", label=model)
+    page.select_option("#id_instance_group", label=group)
+    page.fill("#id_max_workers", str(max_workers))
+    page.click("button:has-text('Start training')")
+    page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+    return job_id_from(page)
+
+
+def drag_row_above(page: Page, dragged: str, target: str) -> None:
+    handle = page.locator(f'tr[data-job-id="{dragged}"] .handle').bounding_box()
+    row = page.locator(f'tr[data-job-id="{target}"]').bounding_box()
+    page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(row["x"] + 10, row["y"] + row["height"] / 2, steps=8)
+    page.mouse.move(row["x"] + 10, row["y"] + 2, steps=8)
+    page.mouse.up()
+
+
+def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts):
+    # Step 3 and 4 of the tutorial: the cluster admin defines the groups.
+    log_in(page, "admin", console.password)
+    page.click("nav >> text=Resource groups")
+    page.click("text=Create")
+    page.fill("#id_name", "ComputeHostsGPU")
+    page.check("input[name=slots_mode][value=ngpus]")
+    page.check("input[name=selection][value=static]")
+    page.get_by_label("host1").check()
+    page.get_by_label("host2").check()
+    page.get_by_role("button", name="Create", exact=True).click()
+    page.wait_for_url(re.compile(r"/resource-groups/$"))
+    assert "ComputeHostsGPU" in page.inner_text("table")
+
+    page.click("nav >> text=Instance groups")
+    page.click("a:has-text('New')")
+    page.fill("#id_name", "sig-elastic")
+    page.select_option("#id_resource_group", label="ComputeHostsGPU")
+    page.select_option("#id_policy", value="fairshare")
+    page.check("#id_preemption")
+    page.click("button:has-text('Create and deploy')")
+    page.wait_for_url(re.compile(r"/instance-groups/$"))
+    log_out(page)
+
+    # Steps 7 and 8: the data scientist registers the dataset and the model.
+    log_in(page, "alice", console.password)
+    page.click("nav >> text=Datasets")
+    page.click("a:has-text('New')")
+    page.click("text=Any")
+    page.fill("#id_name", "cifar10EDTpytorch")
+    page.fill("#id_train_path", "cifar10/train_db")
+    page.fill("#id_test_path", "cifar10/test_db")
+    page.get_by_role("button", name="Create", exact=True).click()
+    page.wait_for_url(re.compile(r"/datasets/$"))
+    assert "cifar10EDTpytorch" in page.inner_text("table")
+
+    page.click("nav >> text=Models")
+    page.click("a:has-text('New')")
+    page.click("button:has-text('Add Location')")
+    page.select_option("#id_framework", value="PyTorch")
+    page.fill("#id_name", "PytorchResnet")
+    page.fill("#id_location", "pytorch-resnet")
+    page.click("button:has-text('Next')")
+    page.select_option("#id_engine", label="Elastic Distributed Training")
+    page.select_option("#id_dataset", label="cifar10EDTpytorch")
+    page.fill("#id_epochs", "10")
+    page.get_by_role("button", name="Add", exact=True).click()
+    page.wait_for_url(re.compile(r"/models/$"))
+    assert "PytorchResnet" in page.inner_text("table")
+
+    # Step 9: the first training, max 8 workers, takes all 8 slots.
+    job1 = train(page, "PytorchResnet", "sig-elastic", 8)
+    wait_for_bands(page, "slots-chart", {job1: 8})
+    assert page.inner_text("[data-slots]") == "8"
+
+    # The dashboard stays open in a second tab and is never reloaded from here on.
+    dashboard = page.context.new_page()
+    dashboard.goto("/instance-groups/")
+    dashboard.click("a:has-text('sig-elastic')")
+    dashboard.evaluate("window.__notReloaded = true")
+    wait_for_bands(dashboard, "cluster-chart", {job1: 8})
+
+    # The second training, max 8: fair share gives 4/4, job 1 shrinks while it runs.
+    job2 = train(page, "PytorchResnet", "sig-elastic", 8)
+    wait_for_bands(dashboard, "cluster-chart", {job1: 4, job2: 4})
+
+    # Drag job 2 above job 1: the server gives job 2 the higher priority.
+    page.click("nav >> text=Jobs")
+    order = page.locator("#job-rows tr[data-job-id]").evaluate_all(
+        "rows => rows.map(r => r.dataset.jobId)"
+    )
+    assert order.index(job1) < order.index(job2)
+    drag_row_above(page, job2, job1)
+    page.wait_for_function(
+        """([a, b]) => {
+          const order = [...document.querySelectorAll("#job-rows tr[data-job-id]")]
+            .map((row) => row.dataset.jobId);
+          const priority = (id) =>
+            +document.querySelector(`tr[data-job-id="${id}"] input[name=priority]`).value;
+          return order.indexOf(a) < order.indexOf(b) && priority(a) > priority(b);
+        }""",
+        arg=[job2, job1],
+    )
+    # And, as in the tutorial, job 2's priority from 5000 to 10000: 5 slots for it, 3 for job 1.
+    page.fill(f'tr[data-job-id="{job2}"] input[name=priority]', "10000")
+    page.click(f'tr[data-job-id="{job2}"] button:has-text("Set")')
+    wait_for_bands(dashboard, "cluster-chart", {job1: 3, job2: 5})
+    assert dashboard.evaluate("window.__notReloaded") is True
+    assert dashboard.inner_text("[data-used]") == "8"
+
+    dashboard.wait_for_selector("#active-jobs >> text=priority 10000")  # the side panel too
+    dashboard.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)
+    assert_painted(dashboard, "cluster-chart", 0.2)
+
+    # Job 1 is stopped (with confirmation) and gives its 3 slots back: job 2 grows to 8.
+    page.click(f'tr[data-job-id="{job1}"] a:has-text("Stop")')
+    page.click("button:has-text('Stop the job')")
+    wait_for_bands(dashboard, "cluster-chart", {job2: 8})
+
+    # A reload draws the same history from the database.
+    dashboard.reload()
+    wait_for_bands(dashboard, "cluster-chart", {job2: 8})
+    history = dashboard.evaluate(
+        "() => Object.fromEntries(Chart.getChart('cluster-chart').data.datasets"
+        ".map(d => [d.key, [...new Set(d.data.map(p => p.y))]]))"
+    )
+    assert {8, 4, 3, 0} <= set(history[job1]), history
+    assert {4, 5, 8} <= set(history[job2]), history
+
+
+def test_a_job_page_updates_live_without_reload(page: Page, console, artifacts, monkeypatch):
+    from runtime import events as runtime_events
+
+    job = str(console.seeded_job)
+    log_in(page, "alice", console.password)
+    page.goto(f"/jobs/{job}/")
+    page.evaluate("window.__notReloaded = true")
+    wait_for_bands(page, "slots-chart", {job: 2})
+    page.wait_for_selector("[data-live-status].on")
+
+    # A worker of the job prints a line and reports metrics, exactly as the runtime does.
+    monkeypatch.setenv("EDT_EVENTS_REDIS_URL", console.env["REDIS_URL"])
+    monkeypatch.setenv("EDT_EVENTS_STREAM", console.env["EDT_EVENTS_STREAM"])
+    runtime_events.configure(source="worker:host3-slot0", job_id=job, echo=False)
+    try:
+        runtime_events.emit("log", stream="stdout", line="hello from worker 0")
+        runtime_events.configure(source="driver", job_id=job, echo=False)
+        runtime_events.emit("log", stream="stdout", line="driver: generation 1, 2 workers")
+        for step in (1, 2, 3):
+            runtime_events.emit("metrics.train", epoch=1, iteration=step, global_step=step,
+                                loss=2.0 / step, accuracy=0.3 * step, samples_per_s=500.0,
+                                workers=2)
+    finally:
+        runtime_events.configure(source="standalone", echo=False)
+
+    page.wait_for_selector("#log >> text=hello from worker 0")
+    series = "() => Chart.getChart('loss-chart').data.datasets.map(d => [d.label, d.data.length])"
+    try:
+        page.wait_for_function(
+            "() => { const c = Chart.getChart('loss-chart');"
+            " return c && c.data.datasets.some("
+            "  d => d.label === 'train loss' && d.data.length === 3); }"
+        )
+    except PlaywrightTimeout:
+        raise AssertionError(f"loss chart series: {page.evaluate(series)}") from None
+    assert "iteration 3" in page.inner_text("[data-progress]")
+    # The log filter hides the other sources' lines.
+    page.select_option("[data-log-filter]", "driver")
+    assert page.locator("#log .line:not(.hidden)", has_text="hello from worker 0").count() == 0
+    assert page.evaluate("window.__notReloaded") is True
+
+    page.screenshot(path=str(artifacts / "job.png"), full_page=True)
+    assert_painted(page, "slots-chart", 0.1)
+    assert_painted(page, "loss-chart", 0.02)
+
+
+def test_another_user_sees_nothing_of_a_job(page: Page, console):
+    job = console.seeded_job
+    log_in(page, "mallory", console.password)
+    assert page.goto(f"/jobs/{job}/").status == 404
+    assert page.goto(f"/jobs/{job}/history.json").status == 404
+
+    page.goto("/jobs/")
+    assert "seeded job" not in page.content()
+    assert page.locator("#job-rows tr[data-job-id]").count() == 0
+
+    # The group's chart shows the slots as taken, by nobody mallory may know.
+    page.goto("/instance-groups/")
+    page.click("a:has-text('seed-ig')")
+    page.wait_for_function("() => Chart.getChart('cluster-chart')?.data.datasets.length > 0")
+    shown = bands(page, "cluster-chart")
+    assert list(shown) == ["others"] and shown["others"] >= 2, shown
+    assert "seeded job" not in page.content()
+
+    # The job's live channel refuses her.
+    opened = page.evaluate(
+        """(id) => new Promise((resolve) => {
+             const ws = new WebSocket(`ws://${location.host}/ws/jobs/${id}/`);
+             ws.onopen = () => resolve(true);
+             ws.onclose = () => resolve(false);
+           })""",
+        job,
+    )
+    assert opened is False
