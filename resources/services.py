@@ -1,0 +1,116 @@
+"""Writes on hosts: registration and heartbeats of host agents, and a host going away."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.notify import wake_scheduler
+from resources.discovery import GpuInfo
+from resources.models import GPU, Host
+
+log = logging.getLogger("edt.hosts")
+
+
+def _publish(job_id: int, type: str, source: str, **fields: object) -> None:
+    try:
+        from jobs.events import publish  # noqa: PLC0415 - the console's event pipeline
+    except ImportError:  # pragma: no cover
+        return
+    publish(type, job_id, source, **fields)
+
+
+def host_queue(name: str) -> str:
+    """The Celery queue a host's agent consumes: launches and reclaims for that host only."""
+    return f"host.{name}"
+
+
+def _sync_gpus(host: Host, gpus: Sequence[GpuInfo], now) -> None:
+    seen = []
+    for gpu in gpus:
+        # Keyed by UUID: a device keeps its row (and its allocation history) across re-indexing.
+        GPU.objects.filter(host=host, index=gpu.index).exclude(uuid=gpu.uuid).delete()
+        GPU.objects.update_or_create(
+            uuid=gpu.uuid,
+            defaults={
+                "host": host,
+                "index": gpu.index,
+                "model": gpu.model,
+                "memory_mb": gpu.memory_mb,
+                "memory_used_mb": gpu.memory_used_mb,
+                "utilization": gpu.utilization,
+                "updated": now,
+            },
+        )
+        seen.append(gpu.uuid)
+    GPU.objects.filter(host=host).exclude(uuid__in=seen).delete()
+
+
+def host_register(
+    *, name: str, address: str = "", cpu_slots: int = 0, gpus: Sequence[GpuInfo] = (),
+    info: dict | None = None,
+) -> Host:
+    """Create or refresh a host as its agent starts; the host is UP from now on."""
+    now = timezone.now()
+    with transaction.atomic():
+        host, created = Host.objects.select_for_update().get_or_create(
+            name=name, defaults={"address": address, "cpu_slots": cpu_slots}
+        )
+        was_up = host.state == Host.State.UP and not created
+        host.address = address or host.address
+        host.cpu_slots = cpu_slots
+        host.state = Host.State.UP
+        host.last_heartbeat = now
+        host.agent_info = {**(info or {}), "gpus": len(gpus), "queue": host_queue(name)}
+        host.save()
+        _sync_gpus(host, gpus, now)
+        if not was_up:
+            wake_scheduler("host.joined", host=host.pk)
+    log.info("host %s registered (%d GPUs, %d CPU slots)", name, len(gpus), cpu_slots)
+    return host
+
+
+def host_heartbeat(*, name: str, gpus: Sequence[GpuInfo] = ()) -> bool:
+    """Record that the agent is alive and its GPUs' utilisation and memory.
+
+    Returns False when the host was declared lost (or closed) meanwhile: its slots were
+    released, so the agent must register again before it gets work."""
+    now = timezone.now()
+    with transaction.atomic():
+        n = Host.objects.filter(name=name, state=Host.State.UP).update(last_heartbeat=now)
+        if not n:
+            return False
+        for gpu in gpus:
+            GPU.objects.filter(uuid=gpu.uuid).update(
+                memory_used_mb=gpu.memory_used_mb, utilization=gpu.utilization, updated=now
+            )
+    return True
+
+
+def host_leave(*, name: str, reason: str = "agent stopped") -> int:
+    """An agent shutting down: the host is UNAVAILABLE at once and its slots are released, so
+    the scheduler does not wait for the heartbeat timeout. Returns the slots released."""
+    from jobs.models import SlotAllocation  # noqa: PLC0415 - resources must not need jobs
+
+    now = timezone.now()
+    with transaction.atomic():
+        n = Host.objects.filter(name=name, state=Host.State.UP).update(
+            state=Host.State.UNAVAILABLE
+        )
+        held = list(
+            SlotAllocation.objects.select_for_update()
+            .filter(host__name=name, released_at__isnull=True)
+            .values_list("pk", "job_id", "slot", "worker_id")
+        )
+        released = SlotAllocation.objects.filter(pk__in=[h[0] for h in held]).update(
+            released_at=now, release_reason="host_lost"
+        )
+        for _, job_id, slot, worker_id in held:
+            _publish(job_id, "slot.released", f"agent:{name}", host=name, slot=slot,
+                     worker_id=worker_id, reason="host_lost")
+        if n or released:
+            wake_scheduler("host.lost", host=name, why=reason)
+    return released
