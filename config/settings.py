@@ -202,6 +202,16 @@ EDT_HEARTBEAT_S = env_int("EDT_HEARTBEAT_S", 5)
 EDT_HOST_TIMEOUT_S = env_int("EDT_HOST_TIMEOUT_S", 20)
 EDT_SCHEDULER_INTERVAL_S = env_int("EDT_SCHEDULER_INTERVAL_S", 2)
 EDT_DEFAULT_MAX_RESTARTS = env_int("EDT_DEFAULT_MAX_RESTARTS", 5)
+# Execution: namespace of the scheduler lock and heartbeat keys in Redis; where runtime
+# processes publish events; the unprivileged user (and its Python) that runs user code when the
+# agent runs as root; WMLA's FABRIC_HOME with libs/fabric.zip.
+EDT_REDIS_PREFIX = os.environ.get("EDT_REDIS_PREFIX", "edt")
+EDT_EVENTS_REDIS_URL = os.environ.get("EDT_EVENTS_REDIS_URL") or None
+EDT_RUN_AS_USER = os.environ.get("EDT_RUN_AS_USER", "")
+EDT_USER_PYTHON = os.environ.get("EDT_USER_PYTHON", "")
+EDT_SCHEDULER_LOCK_TTL_S = env_int("EDT_SCHEDULER_LOCK_TTL_S", 10)
+EDT_CPU_ONLY_HIDE_GPUS = env_bool("EDT_CPU_ONLY_HIDE_GPUS", True)
+EDT_FABRIC_HOME = Path(os.environ.get("EDT_FABRIC_HOME", VAR_DIR / "fabric")).resolve()
 EDT_WMLA_TOKEN_TTL_S = env_int("EDT_WMLA_TOKEN_TTL_S", 8 * 3600)  # WMLA's logon tokens: 8 h
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
