@@ -30,7 +30,9 @@ def get_dataset():
     train_file = os.path.join(data_dir, "train", "data.pt")
     if data_dir and os.path.exists(train_file):
         train = TensorDataset(*torch.load(train_file, weights_only=True))
-        test = TensorDataset(*torch.load(os.path.join(data_dir, "test", "data.pt"), weights_only=True))
+        test = TensorDataset(
+            *torch.load(os.path.join(data_dir, "test", "data.pt"), weights_only=True)
+        )
         return train, test
     return make_blobs(2048, seed=1), make_blobs(512, seed=2)
 
