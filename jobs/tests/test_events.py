@@ -182,6 +182,9 @@ def run_once(stream: str) -> None:
                      once=True)
 
 
+# The command closes stale connections between batches, as a long-running process must; on
+# PostgreSQL that would close the test's own transaction, so these run outside one.
+@pytest.mark.django_db(transaction=True)
 def test_run_events_ingests_the_stream_and_acknowledges(job, isolated):
     for i in range(3):
         xadd(isolated, train(job, 100.0 + i, iteration=i + 1))
@@ -192,6 +195,7 @@ def test_run_events_ingests_the_stream_and_acknowledges(job, isolated):
     assert redis.Redis.from_url(REDIS_URL).xpending(isolated, "console")["pending"] == 0
 
 
+@pytest.mark.django_db(transaction=True)
 def test_run_events_rereads_what_a_crashed_consumer_left_unacknowledged(job, isolated):
     client = redis.Redis.from_url(REDIS_URL)
     client.xgroup_create(isolated, "console", id="0", mkstream=True)

@@ -188,7 +188,9 @@ def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts)
     assert dashboard.evaluate("window.__notReloaded") is True
     assert dashboard.inner_text("[data-used]") == "8"
 
-    dashboard.wait_for_selector("#active-jobs >> text=priority 10000")  # the side panel too
+    dashboard.wait_for_selector(
+        "#active-jobs >> text=priority 10000", timeout=45_000
+    )  # the side panel too (it refreshes on changes and every 10 s)
     dashboard.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)
     assert_painted(dashboard, "cluster-chart", 0.2)
 

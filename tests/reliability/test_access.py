@@ -366,6 +366,8 @@ def test_the_production_settings_pass_the_deployment_checks(tmp_path: Path) -> N
         "EDT_VAR_DIR": str(tmp_path),  # nothing is written into the checkout
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
+    # The browser tests' session fixture sets this for Playwright's sync API; no deployment does.
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,

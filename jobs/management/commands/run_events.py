@@ -85,6 +85,8 @@ class Command(BaseCommand):
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
             except (OperationalError, InterfaceError) as exc:
+                if opts["once"]:
+                    raise
                 # Unacknowledged: the batch is read again from our pending entries.
                 log.warning("database unavailable (%s); retrying in %.1fs", exc, backoff)
                 close_old_connections()
