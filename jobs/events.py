@@ -298,6 +298,11 @@ def _describe(event: dict[str, Any]) -> str:
         )
     if t == "checkpoint.saved":
         return f"Checkpoint saved after epoch {e.get('epoch')}"
+    if t == "checkpoint.skipped":
+        reason = e.get("reason", "failed its check")
+        return f"Checkpoint of epoch {e.get('epoch')} skipped: {reason}"
+    if t == "checkpoint.failed":
+        return f"Checkpoint write failed ({e.get('error', '?')}); training goes on"
     if t == "model.saved":
         return f"Model saved ({e.get('format', '?')})"
     if t == "error":
