@@ -345,7 +345,8 @@ def _persist(info: _JobInfo, event: dict[str, Any], stream_id: str | None) -> bo
                 ts=when,
             )
             if kind == JobMetric.Kind.TRAIN:
-                TrainingJob.objects.filter(pk=info.pk).update(epoch=epoch, iteration=iteration)
+                # The runtime counts epochs from 0; the job shows "epoch 3/5" counted from 1.
+                TrainingJob.objects.filter(pk=info.pk).update(epoch=epoch + 1, iteration=iteration)
         return True
     source = str(event.get("source", ""))[:200]
     if JobEvent.objects.filter(job_id=info.pk, type=t[:64], source=source, ts=when).exists():
@@ -360,7 +361,7 @@ def _persist(info: _JobInfo, event: dict[str, Any], stream_id: str | None) -> bo
             job_id=info.pk, type=t[:64], source=source, message=message, data=data, ts=when
         )
         if t == "epoch.end" and "epoch" in event:
-            TrainingJob.objects.filter(pk=info.pk).update(epoch=_int(event["epoch"]))
+            TrainingJob.objects.filter(pk=info.pk).update(epoch=_int(event["epoch"]) + 1)
     return True
 
 

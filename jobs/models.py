@@ -65,7 +65,7 @@ class TrainingJob(models.Model):
     env_vars = models.JSONField(default=dict, blank=True)
     args = models.TextField(blank=True, help_text="Extra arguments passed to the user's script.")
     hyper_parameters = models.JSONField(default=dict, blank=True)
-    epoch = models.PositiveIntegerField(default=0)
+    epoch = models.PositiveIntegerField(default=0)  # the epoch in progress, counted from 1
     epochs = models.PositiveIntegerField(default=0)
     iteration = models.PositiveIntegerField(default=0)
     created = models.DateTimeField(default=timezone.now, db_index=True)

@@ -32,6 +32,17 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_said: set[str] = set()
+
+
+def _once(level: int, message: str, *args: object) -> None:
+    """Log a discovery outcome once per process: discovery runs on every heartbeat."""
+    text = message % args
+    if text not in _said:
+        _said.add(text)
+        log.log(level, text)
+
+
 def discover(nvml: Any = None) -> list[GpuInfo]:
     """Every GPU NVML sees, with its current utilisation and memory; [] without NVML.
 
@@ -40,15 +51,15 @@ def discover(nvml: Any = None) -> list[GpuInfo]:
         try:
             import pynvml as nvml  # noqa: PLC0415 - optional at import time
         except ImportError:
-            log.info("nvidia-ml-py is not installed: no GPUs")
+            _once(logging.INFO, "nvidia-ml-py is not installed: no GPUs")
             return []
     try:
         nvml.nvmlInit()
     except nvml.NVMLError_LibraryNotFound:
-        log.info("NVML library not found: no GPUs, CPU slots only")
+        _once(logging.INFO, "NVML library not found: no GPUs, CPU slots only")
         return []
     except nvml.NVMLError as exc:
-        log.warning("NVML could not start (%s): no GPUs, CPU slots only", exc)
+        _once(logging.WARNING, "NVML could not start (%s): no GPUs, CPU slots only", exc)
         return []
     gpus: list[GpuInfo] = []
     try:

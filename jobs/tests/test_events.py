@@ -60,7 +60,8 @@ def test_a_training_metric_becomes_a_row_and_moves_the_progress(job):
     assert metric.values == {"global_step": 4, "loss": 0.25, "accuracy": 0.9,
                              "samples_per_s": 123.0}
     job.refresh_from_db()
-    assert (job.epoch, job.iteration) == (1, 4)
+    # Epoch 1 counted from 0 by the runtime is the job's second epoch.
+    assert (job.epoch, job.iteration) == (2, 4)
 
 
 def test_a_redelivered_event_is_stored_once(job):

@@ -419,7 +419,7 @@
         lastMetric[t] = ev.ts;
         if (t === "metrics.train") {
           addTrain(ev); loss.draw(); speed.draw();
-          setText("[data-progress]", progress(ev.epoch, ev.iteration));
+          setText("[data-progress]", progress(ev.epoch == null ? "?" : ev.epoch + 1, ev.iteration));  // runtime counts from 0
         } else {
           addEpoch(ev, "test"); perEpoch.draw();
         }
