@@ -158,7 +158,10 @@ class Command(BaseCommand):
 
     def _start(self, child: Child, env: dict) -> None:
         self.stdout.write(f"starting {child.name}: {' '.join(child.argv[-3:])}")
-        child.proc = subprocess.Popen(child.argv, env=env, cwd=settings.BASE_DIR)
+        # Own session: Ctrl-C reaches only this supervisor, which stops children in order.
+        child.proc = subprocess.Popen(
+            child.argv, env=env, cwd=settings.BASE_DIR, start_new_session=True
+        )
 
     def _restart(self, child: Child, env: dict, code: int) -> None:
         now = time.monotonic()
