@@ -108,7 +108,9 @@ class Command(BaseCommand):
             if child.name == "redis":
                 _wait_for_redis(env["REDIS_URL"])
         password = admin_password_file()
-        creds = password.read_text().strip() if password.exists() else "(set by EDT_ADMIN_PASSWORD)"
+        creds = os.environ.get("EDT_ADMIN_PASSWORD") or (
+            password.read_text().strip() if password.exists() else "(see bootstrap's output)"
+        )
         user = os.environ.get("EDT_ADMIN_USER", "admin")
         self.stdout.write(
             self.style.SUCCESS(
@@ -157,7 +159,7 @@ class Command(BaseCommand):
         )
 
     def _start(self, child: Child, env: dict) -> None:
-        self.stdout.write(f"starting {child.name}: {' '.join(child.argv[-3:])}")
+        self.stdout.write(f"starting {child.name}")
         # Own session: Ctrl-C reaches only this supervisor, which stops children in order.
         child.proc = subprocess.Popen(
             child.argv, env=env, cwd=settings.BASE_DIR, start_new_session=True
