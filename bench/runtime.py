@@ -2,7 +2,9 @@
 
 (a) steady-state samples/s of FabricModel at 1, 2 and 4 workers against a hand-written
     DistributedDataParallel loop (``init_method='env://'``), same model, data, batch per
-    worker and number of processes (best of 2 alternating rounds with --quick, 3 without);
+    worker and number of processes (best of 4 alternating rounds with --quick, 6 without),
+    and the CPU seconds per step of all the job's processes (driver included), which
+    shows each side's own cost even when other programs load the machine;
 (b) rescale latency over 20 changes (10 joins, 10 leaves between 2 and 3 workers): for a
     leave, from ``request_leave`` to the start of the first step at the new size; for a
     join, from the moment the new worker has registered with the driver (its process is
@@ -27,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -133,6 +136,43 @@ def _wait(pred, what: str, timeout: float = 180.0):
     raise TimeoutError(what)
 
 
+class _CpuWindow(threading.Thread):
+    """CPU seconds (user + system, all threads) the given processes spend per step over the
+    steady-state window, read from /proc. Unlike samples/s it hardly moves when other
+    programs load the machine, so it shows each side's own cost."""
+
+    def __init__(self, pids: list[int], log: Path, start: int, end: int) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.log, self.start_at, self.end_at = pids, log, start, end
+        self.per_step: float | None = None
+
+    @staticmethod
+    def _cpu(pids: list[int]) -> float:
+        total = 0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+            except (OSError, IndexError, ValueError):
+                pass
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def _at(self, n: int) -> tuple[int, float] | None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            done = len(_steps(self.log))
+            if done >= n:
+                return done, self._cpu(self.pids)
+            time.sleep(0.01)
+        return None
+
+    def run(self) -> None:
+        a, b = self._at(self.start_at), self._at(self.end_at)
+        if a and b and b[0] > a[0]:
+            self.per_step = (b[1] - a[1]) / (b[0] - a[0])
+
+
 def _throughput(rows: list[dict], warmup: int) -> tuple[float, float]:
     """(samples/s, median iteration seconds) over the steps after the warm-up."""
     rows = rows[warmup:]
@@ -151,7 +191,11 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_fabric(tmp: Path, workers: int, steps: int) -> tuple[float, float]:
+WARMUP = 5
+
+
+def run_fabric(tmp: Path, workers: int, steps: int) -> tuple[float, float, float | None]:
+    """(samples/s, median iteration s, CPU s per step of the driver and all workers)."""
     from runtime.launcher import LocalJob
 
     tmp.mkdir(parents=True)
@@ -162,12 +206,17 @@ def run_fabric(tmp: Path, workers: int, steps: int) -> tuple[float, float]:
         job.start_driver()
         for i in range(workers):
             job.add_worker(f"w{i}")
+        pids = [job.driver.pid, *(p.pid for p in job.workers.values())]
+        cpu = _CpuWindow(pids, tmp / "steps.jsonl", WARMUP, steps - 2)
+        cpu.start()
         if job.wait(600) != 0:
             raise RuntimeError(f"fabric run failed; see {tmp}/log")
-    return _throughput(_steps(tmp / "steps.jsonl"), warmup=5)
+    cpu.join(1)
+    return (*_throughput(_steps(tmp / "steps.jsonl"), warmup=WARMUP), cpu.per_step)
 
 
-def run_ddp(tmp: Path, workers: int, steps: int) -> tuple[float, float]:
+def run_ddp(tmp: Path, workers: int, steps: int) -> tuple[float, float, float | None]:
+    """(samples/s, median iteration s, CPU s per step of all processes)."""
     tmp.mkdir(parents=True)
     port = str(_free_port())
     procs = []
@@ -177,9 +226,12 @@ def run_ddp(tmp: Path, workers: int, steps: int) -> tuple[float, float]:
                    MASTER_PORT=port)
         procs.append(subprocess.Popen([sys.executable, __file__, "--as", "ddp"], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    cpu = _CpuWindow([p.pid for p in procs], tmp / "steps.jsonl", WARMUP, steps - 2)
+    cpu.start()
     if any(p.wait(600) != 0 for p in procs):
         raise RuntimeError("ddp run failed")
-    return _throughput(_steps(tmp / "steps.jsonl"), warmup=5)
+    cpu.join(1)
+    return (*_throughput(_steps(tmp / "steps.jsonl"), warmup=WARMUP), cpu.per_step)
 
 
 def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], float]:
@@ -325,24 +377,32 @@ def main() -> None:
     if args.role == "ddp":
         return as_ddp()
     steps = 40 if args.quick else 150
-    rounds = 2 if args.quick else 3
+    rounds = 4 if args.quick else 6
     tmp = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
     rows, result = [], {}
     for workers in (1, 2, 4):
         # Alternate the two sides and keep each one's best round: a shared machine's load
-        # comes and goes, and the best round is the least disturbed one.
-        fab, fab_it, ddp, ddp_it = 0.0, 0.0, 0.0, 0.0
+        # comes and goes (on 2 busy cores a run is often ~2x slower for its whole length),
+        # and the best round is the least disturbed one. CPU per step is the median over
+        # the rounds; it barely depends on that load.
+        best: dict[str, tuple[float, float]] = {"fabric": (0.0, 0.0), "ddp": (0.0, 0.0)}
+        cpus: dict[str, list[float]] = {"fabric": [], "ddp": []}
         for r in range(rounds):
-            f, f_it = run_fabric(tmp / f"fabric{workers}-{r}", workers, steps)
-            d, d_it = run_ddp(tmp / f"ddp{workers}-{r}", workers, steps)
-            if f > fab:
-                fab, fab_it = f, f_it
-            if d > ddp:
-                ddp, ddp_it = d, d_it
+            for side, fn in (("fabric", run_fabric), ("ddp", run_ddp)):
+                sps, it, cpu = fn(tmp / f"{side}{workers}-{r}", workers, steps)
+                best[side] = max(best[side], (sps, it))
+                if cpu is not None:
+                    cpus[side].append(cpu)
+        (fab, fab_it), (ddp, ddp_it) = best["fabric"], best["ddp"]
+        fab_cpu = statistics.median(cpus["fabric"]) if cpus["fabric"] else float("nan")
+        ddp_cpu = statistics.median(cpus["ddp"]) if cpus["ddp"] else float("nan")
         result[f"overhead_ratio_{workers}"] = round(fab / ddp, 3)
+        result[f"cpu_ratio_{workers}"] = round(ddp_cpu / fab_cpu, 3)
         rows.append((f"throughput {workers} worker(s)", f"FabricModel {fab:,.0f} samples/s "
-                     f"({fab_it * 1000:.1f} ms/it)", f"DDP {ddp:,.0f} samples/s "
-                     f"({ddp_it * 1000:.1f} ms/it)", f"ratio {fab / ddp:.3f}"))
+                     f"({fab_it * 1000:.1f} ms/it, CPU {fab_cpu * 1000:.1f} ms/step)",
+                     f"DDP {ddp:,.0f} samples/s ({ddp_it * 1000:.1f} ms/it, CPU "
+                     f"{ddp_cpu * 1000:.1f} ms/step)", f"ratio {fab / ddp:.3f}",
+                     f"CPU ratio {ddp_cpu / fab_cpu:.3f}"))
     joins, leaves, iteration_s = run_rescale(tmp / "rescale", 20)
     both = joins + leaves
     p50, p95 = _pct(both, 0.5), _pct(both, 0.95)
