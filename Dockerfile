@@ -7,8 +7,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Training processes run as this user, never as root; the folders below are the mount points of
-# the shared volumes, created here so that new named volumes take this owner.
+# Training processes run as this user, never as root (an agent started as root with
+# EDT_RUN_AS_UID_BASE runs each user's jobs under an account of their own); the folders below
+# are the mount points of the shared volumes, created here so that new named volumes take this
+# owner.
 RUN useradd --create-home --uid 1000 edt \
     && mkdir -p /srv/edt/data /srv/edt/models /srv/edt/results /srv/edt/var /app \
     && chown -R edt:edt /srv/edt /app

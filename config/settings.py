@@ -208,6 +208,11 @@ EDT_DEFAULT_MAX_RESTARTS = env_int("EDT_DEFAULT_MAX_RESTARTS", 5)
 EDT_REDIS_PREFIX = os.environ.get("EDT_REDIS_PREFIX", "edt")
 EDT_EVENTS_REDIS_URL = os.environ.get("EDT_EVENTS_REDIS_URL") or None
 EDT_RUN_AS_USER = os.environ.get("EDT_RUN_AS_USER", "")
+# Isolation between users (root agents only): a job runs as uid = gid = this + its owner's id
+# (no passwd entry needed; pick a range no real account uses), its results private to it and
+# the console's group (EDT_SERVICE_GID; default: the group of EDT_RESULT_ROOT). 0: off.
+EDT_RUN_AS_UID_BASE = env_int("EDT_RUN_AS_UID_BASE", 0)
+EDT_SERVICE_GID = os.environ.get("EDT_SERVICE_GID", "")
 EDT_USER_PYTHON = os.environ.get("EDT_USER_PYTHON", "")
 EDT_SCHEDULER_LOCK_TTL_S = env_int("EDT_SCHEDULER_LOCK_TTL_S", 10)
 EDT_CPU_ONLY_HIDE_GPUS = env_bool("EDT_CPU_ONLY_HIDE_GPUS", True)
@@ -265,6 +270,12 @@ CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "edt"
+# How long Redis keeps a delivered, unacknowledged message before it hands it out again. With
+# early acks only a message whose ack was lost (the connection dropped between delivery and
+# ack) comes back; a launch delivered twice starts one process (see jobs/tasks.py).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("EDT_BROKER_VISIBILITY_TIMEOUT_S", 3600),
+}
 
 # --- HTTPS and hardening (production) ------------------------------------------------------
 HTTPS = env_bool("HTTPS", False)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import tarfile
+import uuid
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
@@ -22,6 +25,24 @@ def _check_member(name: str) -> None:
 DAMAGED = (
     zipfile.BadZipFile, zlib.error, tarfile.TarError, EOFError, RuntimeError, NotImplementedError
 )
+
+
+def new_upload_dir(uploads: Path) -> Path:
+    """A new, empty folder under ``uploads`` for one upload to unpack into.
+
+    Under isolation between users (``EDT_RUN_AS_UID_BASE``) it is the console's alone (0700)
+    until a host agent grants it to its owner's jobs, and ``uploads`` can be entered but not
+    listed by the jobs' accounts; otherwise the usual modes apply."""
+    uploads.mkdir(parents=True, exist_ok=True)
+    dest = uploads / uuid.uuid4().hex
+    if not getattr(settings, "EDT_RUN_AS_UID_BASE", 0):
+        dest.mkdir()
+        return dest
+    mode = stat.S_IMODE(uploads.stat().st_mode)
+    if mode & 0o007 != 0o001 and uploads.stat().st_uid == os.geteuid():
+        os.chmod(uploads, mode & 0o770 | 0o001)
+    dest.mkdir(mode=0o700)
+    return dest
 
 
 def extract_archive(fileobj: BinaryIO, dest: Path, *, max_bytes: int | None = None) -> Path:

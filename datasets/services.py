@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 from typing import BinaryIO
 
@@ -11,7 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from datasets.archives import extract_archive
+from datasets.archives import extract_archive, new_upload_dir
 from datasets.models import Dataset
 from datasets.paths import confine
 
@@ -58,7 +57,7 @@ def dataset_create_from_archive(
     *, owner, name: str, archive: BinaryIO, description: str = ""
 ) -> Dataset:
     name = _check_name(name)
-    dest = settings.EDT_UPLOAD_ROOT / "datasets" / f"{uuid.uuid4().hex}"
+    dest = new_upload_dir(settings.EDT_UPLOAD_ROOT / "datasets")
     try:
         try:
             extract_archive(archive, dest)

@@ -10,6 +10,13 @@ work whose heartbeat went stale, which bounds recovery by the heartbeat timeout 
 the visibility timeout. Launches are idempotent (one process per driver attempt or slot), and
 ``worker_prefetch_multiplier=1`` keeps an agent from hoarding messages it cannot start yet.
 Celery's Django fixup closes each task thread's database connection when the task ends.
+
+A broker connection dropped mid-task does not bring an acknowledged message back; one whose ack
+was lost comes back after ``visibility_timeout`` (``EDT_BROKER_VISIBILITY_TIMEOUT_S``), and the
+reconciler re-sends on purpose: a launch delivered again finds its first delivery's claim and
+returns ``"duplicate"``. A stale attempt writes nothing: the job's writes are conditional on its
+attempt, and its processes' checkpoints on the fence the agent raises for each new attempt
+(``supervisor``; ``tests/reliability/test_duplicates.py``).
 """
 
 from __future__ import annotations

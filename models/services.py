@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 from typing import BinaryIO
 
@@ -11,7 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from config.ownership import is_admin
-from datasets.archives import extract_archive
+from datasets.archives import extract_archive, new_upload_dir
 from datasets.paths import confine
 from models.models import ModelDefinition
 
@@ -66,7 +65,11 @@ def model_create(
     description: str = "",
     framework: str = ModelDefinition.Framework.PYTORCH,
     engine: str = ModelDefinition.Engine.EDT,
+    uploaded: bool = False,
 ) -> ModelDefinition:
+    """Register the model folder ``location`` (inside the model roots). ``uploaded`` is for
+    ``model_create_from_archive`` alone: anyone else naming a folder of the uploads area is
+    refused, since host agents grant an uploaded folder to its model's owner."""
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": "A model needs a name."})
@@ -82,6 +85,9 @@ def model_create(
         folder = confine(location, settings.EDT_MODEL_ROOTS)
     except ValidationError as exc:
         raise ValidationError({"location": exc.messages}) from exc
+    uploads = (settings.EDT_MODEL_ROOTS[0] / "uploads").resolve()
+    if not uploaded and (folder == uploads or uploads in folder.parents):
+        raise ValidationError({"location": "Uploaded model folders cannot be registered again."})
     return ModelDefinition.objects.create(
         owner=owner,
         name=name,
@@ -99,12 +105,13 @@ def model_create_from_archive(
     *, owner, name: str, archive: BinaryIO, dataset, **fields
 ) -> ModelDefinition:
     """Unpack an uploaded model folder (zip or tar.gz) under the first model root; register it."""
-    dest = settings.EDT_MODEL_ROOTS[0] / "uploads" / uuid.uuid4().hex
+    dest = new_upload_dir(settings.EDT_MODEL_ROOTS[0] / "uploads")
     try:
         extract_archive(archive, dest)
         entries = [p for p in dest.iterdir()]
         folder = entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
-        return model_create(owner=owner, name=name, location=str(folder), dataset=dataset, **fields)
+        return model_create(owner=owner, name=name, location=str(folder), dataset=dataset,
+                            uploaded=True, **fields)
     except Exception:
         shutil.rmtree(dest, ignore_errors=True)
         raise

@@ -29,12 +29,21 @@ a pickle that would run code is refused, never executed. Each state skipped is r
 (a ``[edt] checkpoint:`` line on stderr and a ``checkpoint.skipped`` event). A checkpoint
 that cannot be written (disk full, I/O error) is reported the same way
 (``checkpoint.failed``) and training goes on from memory; the previous checkpoints stay.
+
+Fencing: a job may have a stale attempt still running (a superseded driver on a partitioned
+host, a redelivered launch). The host agent raises ``checkpoint/.attempt`` to the attempt it
+is starting (:func:`advance_fence`, never lowered, under an exclusive ``flock``); a writer
+that knows its own attempt (``EDT_ATTEMPT``) commits a checkpoint, the final model or the
+ONNX file only while holding a shared lock on that file and reading an attempt no newer than
+its own. A stale attempt's write is refused (``checkpoint.fenced``), so once the agent has
+started attempt ``n``, no attempt before ``n`` changes the job's results.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -51,6 +60,7 @@ import torch
 
 from . import events
 from . import state as state_mod
+from .config import attempt_from_environ
 
 STATE_FILE = "edt_state.pth"
 MANIFEST = "manifest.json"
@@ -58,12 +68,19 @@ KEEP = 3  # the latest checkpoint and the two before it
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old is stale even if its writer looks alive
 
+FENCE_FILE = ".attempt"
+FENCE_LOCK_WAIT_S = 30.0  # how long advance_fence waits for writers still committing
+
 _TMP_NAME = re.compile(r"^\.tmp-(\d+)@(.*)-[^-]*$")
 _NUMBERED = re.compile(r"^edt_state\.(\d+)\.pth$")
 
 
 class CheckpointError(Exception):
     """A checkpoint that must not be loaded: missing, corrupt, or not a plain state."""
+
+
+class _Fenced(Exception):
+    """A newer attempt of the job has started: this writer's commit is refused."""
 
 
 def _say(message: str) -> None:
@@ -166,6 +183,90 @@ def _torch_bytes(obj: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
+
+
+# -- fencing -----------------------------------------------------------------------------
+
+
+def _parse_fence(raw: bytes) -> int | None:
+    try:
+        return int(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return None  # empty (never written, or torn by a crash): no fence
+
+
+def _open_fence(checkpoint_dir: str, flags: int) -> int:
+    # The job may own its folders: never follow a link it put there (the agent runs as root).
+    dir_fd = os.open(checkpoint_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        return os.open(FENCE_FILE, flags | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_fence(checkpoint_dir: str | None) -> int | None:
+    """The newest attempt the agent started for this job, or None when there is no fence."""
+    if not checkpoint_dir:
+        return None
+    try:
+        fd = _open_fence(checkpoint_dir, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return _parse_fence(os.pread(fd, 64, 0))
+    finally:
+        os.close(fd)
+
+
+def advance_fence(checkpoint_dir: str, attempt: int, wait_s: float = FENCE_LOCK_WAIT_S) -> int:
+    """Raise the job's fence to ``attempt`` (never lower it); returns the fence now, which is
+    newer than ``attempt`` when a later attempt got there first.
+
+    Waits up to ``wait_s`` for writers committing under a shared lock; past that (a writer
+    frozen mid-commit) the fence is raised anyway, and that one commit may still land."""
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    fd = _open_fence(checkpoint_dir, os.O_RDWR | os.O_CREAT)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    _say(f"a writer holds {FENCE_FILE} for over {wait_s:.0f}s; fencing anyway")
+                    break
+                time.sleep(0.01)
+        current = _parse_fence(os.pread(fd, 64, 0))
+        if current is not None and current >= attempt:
+            return current
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{attempt}\n".encode(), 0)
+        os.fsync(fd)
+        return attempt
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def fenced(checkpoint_dir: str | None, attempt: int | None):
+    """Yields whether ``attempt`` may commit now; while the block runs the fence cannot move
+    past it (a shared lock). No attempt, or no fence file: always allowed."""
+    if attempt is None or not checkpoint_dir:
+        yield True
+        return
+    try:
+        fd = _open_fence(checkpoint_dir, os.O_RDONLY)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        fence = _parse_fence(os.pread(fd, 64, 0))
+        yield fence is None or fence <= attempt
+    finally:
+        os.close(fd)
 
 
 # -- reading ----------------------------------------------------------------------------
@@ -295,11 +396,26 @@ class ResultWriter:
     """Writes a job's results; used by the driver and by standalone training."""
 
     def __init__(self, result_dir: str | None, checkpoint_dir: str | None,
-                 keep: int = KEEP) -> None:
+                 keep: int = KEEP, *, attempt: int | None = None) -> None:
         self.result_dir = result_dir
         self.checkpoint_dir = checkpoint_dir
         self.keep = max(1, keep)
+        # The job attempt this process belongs to (``EDT_ATTEMPT`` by default): its writes
+        # are refused once the agent has started a newer one (see ``fenced``).
+        self.attempt = attempt if attempt is not None else attempt_from_environ()
         self._lock = threading.Lock()  # one checkpoint rotation at a time
+
+    def is_current(self) -> bool:
+        """Is this writer's attempt still the job's newest (always, without an attempt)?"""
+        with fenced(self.checkpoint_dir, self.attempt) as ok:
+            return ok
+
+    def _refuse(self, what: str, epoch: object = None) -> None:
+        fence = read_fence(self.checkpoint_dir)
+        _say(f"not saving {what}: this is attempt {self.attempt} and attempt {fence} has "
+             "started since (a stale process of the job)")
+        events.emit("checkpoint.fenced", path=self.checkpoint_dir, epoch=epoch,
+                    attempt=self.attempt, fence=fence)
 
     @property
     def train_model_dir(self) -> str | None:
@@ -317,6 +433,9 @@ class ResultWriter:
         try:
             with self._lock:
                 manifest = self._rotate_in(blob, st["position"])
+        except _Fenced:
+            self._refuse(f"the checkpoint of epoch {epoch}", epoch)
+            return None
         except OSError as exc:
             reason = f"{errno.errorcode.get(exc.errno or 0, 'OSError')}: {exc}"
             _say(f"could not save the checkpoint of epoch {epoch} ({reason}); the previous "
@@ -347,6 +466,20 @@ class ResultWriter:
                       + [e["seq"] for e in entries if isinstance(e.get("seq"), int)], default=0)
         latest = os.path.join(folder, STATE_FILE)
         tmp = _write_tmp(folder, blob)
+        # The renames and the manifest are the commit: done under the fence's shared lock, so
+        # a newer attempt's start waits for them, and a stale attempt commits nothing.
+        try:
+            with fenced(folder, self.attempt) as current:
+                if not current:
+                    raise _Fenced
+                return self._commit(folder, tmp, blob, pos, entries, seq, latest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # gone already when the commit renamed it
+            raise
+
+    def _commit(self, folder: str, tmp: str, blob: bytes, pos: dict[str, Any],
+                entries: list[dict[str, Any]], seq: int, latest: str) -> dict[str, Any]:
         try:
             # The current latest keeps its bytes under its numbered name. If that name
             # exists already, an earlier write died after this rename and edt_state.pth
@@ -383,13 +516,22 @@ class ResultWriter:
         return manifest
 
     def save_final(self, blob: bytes) -> list[str]:
-        return self._save_model_files(state_mod.loads(blob), "final")
+        st = state_mod.loads(blob)
+        with fenced(self.checkpoint_dir, self.attempt) as current:
+            if not current:
+                self._refuse("the final model")
+                return []
+            return self._save_model_files(st, "final")
 
     def save_onnx(self, onnx_bytes: bytes) -> list[str]:
         if not self.result_dir:
             return []
         path = os.path.join(self.result_dir, "model", "model.onnx")
-        atomic_write(path, onnx_bytes)
+        with fenced(self.checkpoint_dir, self.attempt) as current:
+            if not current:
+                self._refuse("model.onnx")
+                return []
+            atomic_write(path, onnx_bytes)
         return [path]
 
     def _save_model_files(self, st: dict[str, Any], tag: str) -> list[str]:

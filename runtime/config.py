@@ -38,6 +38,8 @@ Variables (all optional except where a role needs them):
 ``CHECKPOINT_DIR``             default ``$RESULT_DIR/checkpoint``
 ``SAVED_MODEL_DIR``            final model copy (default ``$RESULT_DIR/model``)
 ``DATA_DIR``                   the job's dataset folder (read by user code)
+``EDT_ATTEMPT``                the job attempt this process belongs to (set by the host
+                               agent); its result writes are fenced by it (``checkpoint``)
 =============================  ==============================================================
 """
 
@@ -55,6 +57,13 @@ def _float(name: str, default: float) -> float:
 def _int(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
     return int(value) if value else default
+
+
+def attempt_from_environ() -> int | None:
+    """``EDT_ATTEMPT``: the job attempt (fencing token) of this process; None outside a
+    cluster or when it is not a number."""
+    value = os.environ.get("EDT_ATTEMPT", "").strip()
+    return int(value) if value.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ class JobEnv:
     log_dir: str | None
     checkpoint_dir: str | None
     saved_model_dir: str | None
+    attempt: int | None = None
 
     @classmethod
     def from_environ(cls) -> JobEnv:
@@ -123,4 +133,5 @@ class JobEnv:
             log_dir=log_dir,
             checkpoint_dir=ckpt,
             saved_model_dir=saved,
+            attempt=attempt_from_environ(),
         )

@@ -10,7 +10,13 @@ host agent's worker. The database, not the broker, is the source of truth:
   (``slot_heartbeat_key``) that the scheduler's reconciler checks, so a lost launch message is
   re-sent within seconds rather than never;
 - launching twice is harmless: a second launch of the same driver attempt or the same slot in
-  the same agent finds the first one's claim and returns.
+  the same agent finds the first one's claim and returns;
+- a stale attempt writes nothing: before it starts a driver, the supervisor raises the job's
+  checkpoint fence (``runtime.checkpoint.advance_fence``) to its attempt, and every process it
+  starts gets ``EDT_ATTEMPT``, so a superseded attempt's processes still alive somewhere cannot
+  commit a checkpoint or a model; its job writes are ``UPDATE ... WHERE attempt = n``; and a
+  driver supervisor that cannot confirm its attempt for ``EDT_HOST_TIMEOUT_S`` (the database is
+  unreachable from here, and the scheduler will have started another) ends its process.
 """
 
 from __future__ import annotations
@@ -22,15 +28,16 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from jobs import states
 from jobs.execution.keys import slot_heartbeat_key
-from jobs.execution.processes import build_env, registry, spawn
+from jobs.execution.processes import build_env, job_dirs, registry, spawn
 from jobs.models import JobEvent, SlotAllocation, TrainingJob
 from jobs.notify import redis_client, wake_scheduler
 from jobs.services import record_event
+from runtime.checkpoint import advance_fence
 
 log = logging.getLogger("edt.execution")
 
@@ -112,11 +119,39 @@ def _fenced(job_id: int, attempt: int, **fields: object) -> bool:
     return bool(TrainingJob.objects.filter(pk=job_id, attempt=attempt).update(**fields))
 
 
+def driver_lease_s() -> float:
+    """How long a driver's supervisor runs its process without confirming its attempt."""
+    return float(getattr(settings, "EDT_HOST_TIMEOUT_S", 20))
+
+
+def _record_driver_started(job_id: int, attempt: int, host_name: str, addr: str) -> bool:
+    """Record where the attempt's driver listens (and end RECOVERING), only while ``attempt``
+    is the job's current one: a stale driver must not become the one control messages reach.
+    False when a newer attempt exists."""
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id, attempt=attempt).first()
+        if job is None:
+            return False
+        if job.is_terminal:
+            return True
+        record_event(
+            job, "driver.started", f"Driver listening at {addr} on {host_name}",
+            source=f"agent:{host_name}", attempt=attempt, addr=addr, host=host_name,
+        )
+        if job.state == states.RECOVERING:
+            job.transition(states.RUNNING)
+            _publish(job_id, "job.state", f"agent:{host_name}", state=states.RUNNING)
+        return True
+
+
 def _run_driver(job_id: int, attempt: int, host_name: str, key: str) -> str:
     job = TrainingJob.objects.select_related("model", "dataset").get(pk=job_id)
     if job.attempt != attempt or job.is_terminal:
         return "stale"
     if not _fenced(job_id, attempt, heartbeat=timezone.now()):
+        return "stale"
+    # From here on, no earlier attempt commits a checkpoint or a model of this job.
+    if advance_fence(job_dirs(job)["CHECKPOINT_DIR"], attempt) > attempt:
         return "stale"
     addr_file = os.path.join(job.result_dir or ".", f"driver-{attempt}.addr")
     os.makedirs(os.path.dirname(addr_file), exist_ok=True)
@@ -137,28 +172,60 @@ def _run_driver(job_id: int, attempt: int, host_name: str, key: str) -> str:
         env["EDT_DRIVER_ADVERTISE_HOST"] = advertise
     child = spawn(job, key, "driver", env)
     registry.set_child(key, child)
+    try:
+        rc = _watch_driver(job_id, attempt, host_name, child, addr_file)
+    except BaseException:
+        # Whatever stopped this supervisor, its process must not run on unsupervised.
+        child.end(TERM_GRACE_S)
+        raise
+    if isinstance(rc, str):
+        return rc
+    return _driver_exited(job_id, attempt, host_name, rc, child)
+
+
+def _read_addr(addr_file: str) -> str | None:
+    # The job owns its folder: never follow a link it put there (the agent may be root).
+    try:
+        fd = os.open(addr_file, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        return f.read(256).strip() or None
+
+
+def _watch_driver(job_id: int, attempt: int, host_name: str, child, addr_file: str) -> int | str:
+    """Until the driver exits (its exit code) or must be ended (why, as a string)."""
     addr = None
     last_beat = 0.0
+    confirmed = time.monotonic()  # when the database last confirmed this attempt
     while True:
         rc = child.proc.poll()
-        if addr is None and os.path.exists(addr_file):
-            with open(addr_file, encoding="utf-8") as f:
-                addr = f.read().strip()
-            if addr:
-                with transaction.atomic():
-                    record_event(
-                        job, "driver.started", f"Driver listening at {addr} on {host_name}",
-                        source=f"agent:{host_name}", attempt=attempt, addr=addr, host=host_name,
-                    )
-                    job.refresh_from_db(fields=["state", "attempt"])
-                    if job.attempt == attempt and job.state == states.RECOVERING:
-                        job.transition(states.RUNNING)
-                        _publish(job_id, "job.state", f"agent:{host_name}", state=states.RUNNING)
+        if addr is None:
+            addr = _read_addr(addr_file)
+            if addr and not _record_driver_started(job_id, attempt, host_name, addr):
+                log.warning("job %s attempt %s superseded: ending its driver", job_id, attempt)
+                child.end(TERM_GRACE_S)
+                return "superseded"
         if rc is not None:
-            break
+            return rc
         if time.monotonic() - last_beat >= HEARTBEAT_S:
             last_beat = time.monotonic()
-            if not _fenced(job_id, attempt, heartbeat=timezone.now()):
+            try:
+                current = _fenced(job_id, attempt, heartbeat=timezone.now())
+                confirmed = time.monotonic()
+            except DatabaseError as exc:
+                # Unreachable database: go on for a while, but not past the time after which
+                # the scheduler gives the job a new attempt.
+                if not connection.in_atomic_block:
+                    close_old_connections()  # the next try opens a fresh connection
+                log.warning("job %s attempt %s not confirmed: %s", job_id, attempt, exc)
+                if time.monotonic() - confirmed >= driver_lease_s():
+                    log.warning("job %s attempt %s unconfirmed for %ss: ending its driver",
+                                job_id, attempt, driver_lease_s())
+                    child.end(TERM_GRACE_S)
+                    return "lease expired"
+                current = True
+            if not current:
                 log.warning("job %s attempt %s superseded: ending its driver", job_id, attempt)
                 child.end(TERM_GRACE_S)
                 return "superseded"
@@ -166,7 +233,6 @@ def _run_driver(job_id: int, attempt: int, host_name: str, key: str) -> str:
             child.end(TERM_GRACE_S)
             return "agent stopped"
         time.sleep(POLL_S)
-    return _driver_exited(job_id, attempt, host_name, rc, child)
 
 
 def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int, child) -> str:
@@ -291,7 +357,10 @@ def _run_worker(allocation_id: int, key: str) -> str:
             addr = driver_addr(job.pk, attempt) if attempt else None
             if addr is None:
                 time.sleep(POLL_S)
-        extra = {"EDT_WORKER_ID": alloc.worker_id, "EDT_DRIVER_ADDR": addr}
+        extra = {
+            "EDT_WORKER_ID": alloc.worker_id, "EDT_DRIVER_ADDR": addr,
+            "EDT_ATTEMPT": str(attempt),
+        }
         if alloc.gpu is not None:
             # NVML ignores CUDA_VISIBLE_DEVICES but CUDA honours it: bind by UUID.
             extra["CUDA_VISIBLE_DEVICES"] = alloc.gpu.uuid

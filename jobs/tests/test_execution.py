@@ -243,3 +243,62 @@ def test_it_runs_user_code_as_the_configured_unprivileged_user(job, model_def, s
         assert Path(job.result_dir).stat().st_uid == nobody.pw_uid
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.django_db
+def test_each_owner_gets_an_account_of_their_own_only_under_a_root_agent(
+    job, settings, monkeypatch
+):
+    from jobs.execution import processes
+
+    settings.EDT_RUN_AS_UID_BASE = 200_000
+    settings.EDT_RUN_AS_USER = ""
+    monkeypatch.setattr(processes.os, "geteuid", lambda: 0)
+    user = processes.run_as(job)
+    assert user is not None and user.isolated
+    assert user.uid == user.gid == 200_000 + job.owner_id
+    # Not root (./edt up, a non-root agent): the agent's own account, whatever is configured.
+    monkeypatch.setattr(processes.os, "geteuid", lambda: 1000)
+    assert processes.run_as(job) is None
+    # Root without the setting: no account switch unless EDT_RUN_AS_USER names one.
+    monkeypatch.setattr(processes.os, "geteuid", lambda: 0)
+    settings.EDT_RUN_AS_UID_BASE = 0
+    assert processes.run_as(job) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_superseded_driver_never_becomes_the_jobs_driver(job, script, tmp_path):
+    if connection.vendor == "sqlite" and "memory" in connection.settings_dict["NAME"]:
+        pytest.skip("threads cannot share an in-memory SQLite test database")
+    gate = tmp_path / "go"
+    # It says where it listens only after the test claimed a newer attempt.
+    script(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.02)\n"
+           + ADDR_AND_ENV)
+    running(job, attempt=1)
+    outcomes: list[str] = []
+
+    def launch() -> None:
+        try:
+            outcomes.append(supervisor.run_driver(job.pk, 1, "host1"))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while registry.get_child(f"driver:{job.pk}:1") is None:
+            assert time.monotonic() < deadline, "the driver never started"
+            time.sleep(0.05)
+        TrainingJob.objects.filter(pk=job.pk).update(attempt=2)
+        gate.touch()
+        thread.join(30)
+        assert not thread.is_alive(), "the superseded supervisor never returned"
+    finally:
+        gate.touch()
+        thread.join(30)
+    assert outcomes == ["superseded"]
+    assert not job.events.filter(type="driver.started").exists()
+    assert supervisor.driver_host(job.pk) is None
+    job.refresh_from_db()
+    assert job.state == states.RUNNING and job.attempt == 2
