@@ -4,6 +4,7 @@ redirect. Every page works without JavaScript; htmx, Alpine and the live charts 
 
 from __future__ import annotations
 
+import re
 from functools import wraps
 
 from django.contrib import messages
@@ -315,11 +316,47 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "console/job.html", context)
 
 
+# Log lines per answer of the history view: the tail on first load, one page when resuming.
+LOG_PAGE = 500
+# A log line's id is the Redis stream id it came in under: "<milliseconds>-<sequence>".
+_LOG_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
+
+
+def _bad_parameter(name: str, problem: str) -> JsonResponse:
+    return JsonResponse({"error": f"{name} {problem}", "parameter": name}, status=400)
+
+
+def _log_id(value: object) -> tuple[int, int] | None:
+    match = _LOG_ID.fullmatch(value) if isinstance(value, str) else None
+    return (int(match[1]), int(match[2] or 0)) if match else None
+
+
 @login_required
 def job_history(request: HttpRequest, pk: int) -> JsonResponse:
     """Everything the live job page draws, from the database: on load and on every reconnect
-    the page redraws from this, then applies live events, so a reload loses nothing."""
+    the page redraws from this, then applies live events, so a reload loses nothing.
+
+    The log is the last ``LOG_PAGE`` lines, or with ``?log_after=<id>`` the lines after that
+    one, a page at a time (``log_more`` says another page follows): a page that reconnects
+    asks for what it missed, however long it was away. ``?only=log`` leaves out the rest, for
+    the pages after the first."""
     job = _visible_job(request, pk)
+    only = request.GET.get("only", "")
+    if only not in ("", "log"):
+        return _bad_parameter("only", "must be 'log' or left out")
+    log_more = False
+    if "log_after" in request.GET:
+        after = _log_id(request.GET["log_after"])
+        if after is None:
+            return _bad_parameter("log_after", "must be a log line id such as 1700000000000-0")
+        log, log_more = (
+            events.read_log_after(job.result_dir, after, LOG_PAGE)
+            if job.result_dir else ([], False)
+        )
+    else:
+        log = selectors.job_log(job=job, limit=LOG_PAGE)
+    if only == "log":
+        return JsonResponse({"log": log, "log_more": log_more})
     return JsonResponse(
         {
             "job": {
@@ -334,7 +371,8 @@ def job_history(request: HttpRequest, pk: int) -> JsonResponse:
                  "ts": e.ts.timestamp(), "seq": e.data.get("seq")}
                 for e in selectors.job_events(job=job)
             ],
-            "log": selectors.job_log(job=job, limit=500),
+            "log": log,
+            "log_more": log_more,
         }
     )
 

@@ -4,7 +4,8 @@
  * the server pushes over a WebSocket. The history is fetched again each time the socket
  * (re)opens, and events that arrive meanwhile are held back and applied after it, so a reload
  * or a reconnect never loses what happened in between. Allocation events carry absolute slot
- * counts, so applying one twice is harmless.
+ * counts, so applying one twice is harmless. The job log resumes from the last line shown
+ * instead: the server sends the lines after it, page by page, however long the page was away.
  */
 (function () {
   "use strict";
@@ -29,11 +30,23 @@
     return typeof event.ts === "number" ? event.ts * 1000 : Date.now();
   }
 
+  async function getJSON(url) {
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (!response.ok) throw new Error(url + " answered " + response.status);
+    return response.json();
+  }
+
+  /* Whether log line id `a` ("<ms>-<n>", a Redis stream id) comes after `b`. */
+  function logIdAfter(a, b) {
+    const [am, an] = String(a).split("-").map(Number);
+    const [bm, bn] = String(b).split("-").map(Number);
+    return am > bm || (am === bm && (an || 0) > (bn || 0));
+  }
+
   /* A WebSocket that reconnects with backoff. `onOpen` returns a promise (the catch-up from
    * the database); events received before it settles are buffered, then applied in order. */
   function connect(path, { onOpen, onEvent, statusEl }) {
     let delay = 500;
-    let buffer = null;
     function setStatus(on, text) {
       if (!statusEl) return;
       statusEl.textContent = text || (on ? "live" : "reconnecting…");
@@ -42,17 +55,21 @@
     function open() {
       const proto = location.protocol === "https:" ? "wss:" : "ws:";
       const ws = new WebSocket(proto + "//" + location.host + path);
-      buffer = [];
+      let buffer = []; // this socket's events while its catch-up runs; null once live
       ws.onopen = () => {
-        delay = 500;
         Promise.resolve()
           .then(onOpen)
-          .catch((err) => console.error("catch-up failed", err))
           .then(() => {
-            const held = buffer || [];
+            if (ws.readyState !== WebSocket.OPEN) return; // lost meanwhile: the next one resumes
+            delay = 500;
+            const held = buffer;
             buffer = null;
             held.forEach(onEvent);
             setStatus(true);
+          }, (err) => {
+            // Going live now would put later events after a hole: reconnect and catch up again.
+            console.error("catch-up failed", err);
+            ws.close();
           });
       };
       ws.onmessage = (message) => {
@@ -290,8 +307,10 @@
     const eventsEl = root.querySelector("[data-events]");
     const jobKey = root.dataset.ws.match(/(\d+)\/?$/)[1];
     // What the page already shows, so that events overlapping the catch-up are not shown twice:
-    // log lines and events by stream id, metrics (one driver, in order) by time.
-    let seenLog = new Set();
+    // events by stream id, metrics (one driver, in order) by time, log lines by the id of the
+    // last one shown (they arrive in stream order), which is also where a reconnect resumes.
+    let logMark = null;
+    let logLoaded = false;
     let seenEvent = new Set();
     let lastMetric = {};
     let step = 0;
@@ -382,9 +401,28 @@
       el.className = "state state-" + state.toLowerCase();
     }
 
+    /* Show one log record unless it is at or before the last one shown; lines without an id
+     * (ingested outside the event stream) cannot be placed, so they are always shown. */
+    function showLog(rec, id) {
+      if (id) {
+        if (logMark && !logIdAfter(id, logMark)) return;
+        logMark = id;
+      }
+      appendLog(rec);
+    }
+
+    function historyUrl(params) {
+      const url = new URL(root.dataset.historyUrl, location.href);
+      for (const [name, value] of Object.entries(params)) url.searchParams.set(name, value);
+      return url.toString();
+    }
+
     async function history() {
-      const response = await fetch(root.dataset.historyUrl, { credentials: "same-origin" });
-      const h = await response.json();
+      // The first load shows the log's tail; a reconnect asks for the lines after the last one
+      // shown (all of them if none was), keeps what the page shows and follows the pages.
+      const resuming = logLoaded;
+      const h = await getJSON(resuming ? historyUrl({ log_after: logMark || "0" })
+                                       : root.dataset.historyUrl);
       setState(h.job.state);
       setText("[data-slots]", h.job.slots);
       setText("[data-progress]", progress(h.job.epoch, h.job.iteration));
@@ -397,20 +435,25 @@
       h.metrics.test.forEach((m) => addEpoch(m, "test"));
       h.metrics.epochs.forEach((m) => addEpoch(m, "train"));
       loss.draw(); perEpoch.draw(); speed.draw();
-      logEl.replaceChildren();
-      seenLog = new Set();
-      h.log.forEach((rec) => { appendLog(rec); if (rec.id) seenLog.add(rec.id); });
       eventsEl.replaceChildren();
       seenEvent = new Set();
       h.events.forEach((ev) => { appendEvent(ev); seenEvent.add(key(ev)); });
+      if (!resuming) { logEl.replaceChildren(); logMark = null; }
+      h.log.forEach((rec) => showLog(rec, rec.id));
+      let more = h.log_more;
+      while (more) {
+        const before = logMark;
+        const page = await getJSON(historyUrl({ log_after: logMark, only: "log" }));
+        page.log.forEach((rec) => showLog(rec, rec.id));
+        more = page.log_more && logMark !== before;
+      }
+      logLoaded = true;
     }
 
     function onEvent(ev) {
       const t = ev.type;
       if (t === "log") {
-        if (ev.seq && seenLog.has(ev.seq)) return;
-        if (ev.seq) seenLog.add(ev.seq);
-        appendLog(ev);
+        showLog(ev, ev.seq);
         return;
       }
       if (t === "metrics.train" || t === "metrics.test") {

@@ -45,7 +45,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+def _shared(request: pytest.FixtureRequest) -> dict:
+    """The session's console and Chromium, by fixture name.
+
+    A test module outside this folder imports these fixtures
+    (``tests/reliability/test_web_server_kill.py``), which gives pytest a second definition of
+    each. Both must hand out the same ones: Playwright's sync API cannot start twice in one
+    thread, and one console is enough."""
+    return request.session.__dict__.setdefault("_edt_browser_fixtures", {})
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -60,7 +70,11 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 @pytest.fixture(scope="session")
-def console(tmp_path_factory) -> Console:
+def console(tmp_path_factory, request) -> Console:
+    shared = _shared(request)
+    if "console" in shared:
+        yield shared["console"]
+        return
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}: apt-get install chromium")
     from django.conf import settings
@@ -112,9 +126,11 @@ def console(tmp_path_factory) -> Console:
     ]
     try:
         _wait_http(f"http://127.0.0.1:{port}/login/", procs[0])
-        yield Console(url=f"http://127.0.0.1:{port}", env=env, root=root,
-                      seeded_job=seeded["seeded_job"])
+        shared["console"] = Console(url=f"http://127.0.0.1:{port}", env=env, root=root,
+                                    seeded_job=seeded["seeded_job"])
+        yield shared["console"]
     finally:
+        shared.pop("console", None)
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -133,7 +149,11 @@ def console(tmp_path_factory) -> Console:
 
 
 @pytest.fixture(scope="session")
-def chromium():
+def chromium(request):
+    shared = _shared(request)
+    if "chromium" in shared:
+        yield shared["chromium"]
+        return
     from playwright.sync_api import sync_playwright
 
     # The sync Playwright API runs an event loop in this thread; Django code called from the
@@ -144,9 +164,11 @@ def chromium():
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            shared["chromium"] = browser
             yield browser
             browser.close()
     finally:
+        shared.pop("chromium", None)
         if previous is None:
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         else:
