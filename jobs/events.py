@@ -175,8 +175,8 @@ def _int(value: object, default: int = 0) -> int:
         return default
 
 
-def _stream_id(value: str | bytes | None) -> tuple[int, int] | None:
-    if not value:
+def _stream_id(value: object) -> tuple[int, int] | None:
+    if not value or not isinstance(value, str | bytes):
         return None
     text = value.decode() if isinstance(value, bytes) else value
     ms, _, seq = text.partition("-")
@@ -190,14 +190,59 @@ def log_path(result_dir: str) -> Path:
     return Path(result_dir) / "log" / LOG_FILE
 
 
+def _open_log(result_dir: str, *, append: bool = False):
+    """The job's log file, opened without following links: the job's own account owns its
+    ``log/`` folder and could plant a link there to make the console read or write another
+    file. For reading, a missing (or planted) file is ``None``; for appending, a planted
+    link is removed and the file created."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    try:
+        root = os.open(result_dir, flags)
+    except FileNotFoundError:
+        if not append:
+            return None
+        Path(result_dir).mkdir(parents=True, exist_ok=True)
+        root = os.open(result_dir, flags)
+    try:
+        try:
+            folder = os.open("log", flags | os.O_NOFOLLOW, dir_fd=root)
+        except FileNotFoundError:
+            if not append:
+                return None
+            os.mkdir("log", 0o2770, dir_fd=root)
+            folder = os.open("log", flags | os.O_NOFOLLOW, dir_fd=root)
+        except OSError as exc:  # ELOOP/ENOTDIR: not a real folder
+            log.warning("job log folder in %s is not a folder (%s): ignored", result_dir, exc)
+            return None
+    finally:
+        os.close(root)
+    try:
+        mode = os.O_WRONLY | os.O_APPEND | os.O_CREAT if append else os.O_RDONLY
+        for retry in (True, False):
+            try:
+                fd = os.open(LOG_FILE, mode | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660, dir_fd=folder)
+                break
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if not append or not retry:
+                    log.warning("job log %s/log/%s refused (%s)", result_dir, LOG_FILE, exc)
+                    return None
+                os.unlink(LOG_FILE, dir_fd=folder)  # a link planted in place of the log
+    finally:
+        os.close(folder)
+    return os.fdopen(fd, "a" if append else "rb", **({"encoding": "utf-8"} if append else {}))
+
+
 def _last_logged_id(path: Path) -> tuple[int, int] | None:
     """The stream id of the last line in a job's log file (read once per process)."""
     key = str(path)
     if key in _log_marks:
         return _log_marks[key]
     mark = None
-    try:
-        with path.open("rb") as fh:
+    fh = _open_log(str(path.parent.parent))
+    if fh is not None:
+        with fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - 65536))
             lines = fh.read().splitlines()
@@ -208,8 +253,6 @@ def _last_logged_id(path: Path) -> tuple[int, int] | None:
                 continue
             if mark:
                 break
-    except FileNotFoundError:
-        pass
     _log_marks[key] = mark
     return mark
 
@@ -229,8 +272,10 @@ def _append_log(info: _JobInfo, event: dict[str, Any], stream_id: str | None) ->
             last = _last_logged_id(path)
             if last is not None and sid <= last:
                 return False  # redelivered: already in the file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as fh:
+        fh = _open_log(info.result_dir, append=True)
+        if fh is None:
+            return False
+        with fh:
             fh.write(json.dumps(record) + "\n")
         if sid is not None:
             _log_marks[str(path)] = sid
@@ -240,12 +285,12 @@ def _append_log(info: _JobInfo, event: dict[str, Any], stream_id: str | None) ->
 def read_log(result_dir: str, *, source: str = "", limit: int = 200) -> list[dict[str, Any]]:
     """The last ``limit`` log lines of a job, optionally of one source (``driver``,
     ``worker:<id>``), oldest first."""
-    path = log_path(result_dir)
-    if not path.exists():
+    fh = _open_log(result_dir)
+    if fh is None:
         return []
     # Read backwards in blocks so a long log costs only its tail.
     out: list[dict[str, Any]] = []
-    with path.open("rb") as fh:
+    with fh:
         end = fh.seek(0, os.SEEK_END)
         carry = b""  # the partial first line of the block read last
         while end > 0 and len(out) < limit:
@@ -263,6 +308,58 @@ def read_log(result_dir: str, *, source: str = "", limit: int = 200) -> list[dic
                     break
     out.reverse()
     return out
+
+
+def read_log_after(result_dir: str, after: tuple[int, int],
+                   limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """The log records whose stream id comes after ``after``, oldest first, at most ``limit``
+    of them, and whether more follow: what a page that reconnects missed.
+
+    Ingest appends lines in stream-id order (it refuses an id not newer than the last), so a
+    binary search over byte offsets finds the first line after the offset: resuming after a
+    long outage costs a few seeks and one page, not a read of everything before it. Lines
+    without an id (ingested outside the stream) have no place in that order and are left out.
+    """
+    fh = _open_log(result_dir)
+    if fh is None:
+        return [], False
+    with fh:
+        lo, hi = 0, fh.seek(0, os.SEEK_END)  # lo and hi are line starts; the answer is in between
+
+        def probe(pos: int) -> tuple[int, tuple[int, int] | None, int]:
+            """From the first line starting at or after ``pos``: that line's start, then the
+            id of the first line (before ``hi``) that has one, and where that line ends."""
+            fh.seek(max(0, pos - 1))
+            if pos > 0:
+                fh.readline()  # the rest of the line ``pos - 1`` is in
+            start = fh.tell()
+            while fh.tell() < hi:
+                raw = fh.readline()
+                if not raw:
+                    break  # the file got shorter: nothing more to find
+                mark = _stream_id((_parse_log_line(raw) or {}).get("id"))
+                if mark is not None:
+                    return start, mark, fh.tell()
+            return start, None, hi
+
+        while lo < hi:
+            start, mark, end = probe((lo + hi) // 2)
+            if start >= hi:  # no line starts in the upper half: step from lo instead
+                start, mark, end = probe(lo)
+            if mark is not None and mark <= after:
+                lo = end
+            else:
+                hi = start
+        fh.seek(lo)
+        found: list[dict[str, Any]] = []
+        for raw in fh:
+            record = _parse_log_line(raw)
+            mark = _stream_id(record.get("id")) if record else None
+            if mark is not None and mark > after:
+                found.append(record)
+                if len(found) > limit:
+                    return found[:limit], True
+    return found, False
 
 
 def _parse_log_line(raw: bytes) -> dict[str, Any] | None:

@@ -98,6 +98,36 @@ def test_log_lines_go_to_the_jobs_log_file_once(job):
     assert events.log_sources(job.result_dir) == ["driver", "worker:h1-0", "worker:h1-1"]
 
 
+def test_a_link_planted_in_place_of_the_log_is_never_followed(job, tmp_path):
+    """The job's own account owns its log folder: a link it leaves there must make the
+    console neither show another file nor write into it."""
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"id": "1-0", "source": "driver", "line": "the secret"}) + "\n")
+    folder = Path(job.result_dir) / "log"
+    folder.mkdir(parents=True)
+    (folder / "console.jsonl").symlink_to(secret)
+    assert events.read_log(job.result_dir) == []
+    assert events.read_log_after(job.result_dir, (0, 0), 10) == ([], False)
+    events.clear_caches()
+    assert events.ingest({"type": "log", "job_id": job.pk, "source": "driver", "ts": 1.0,
+                          "line": "mine"}, stream_id="5-0")
+    assert "the secret" in secret.read_text() and "mine" not in secret.read_text()
+    assert not (folder / "console.jsonl").is_symlink()
+    assert [r["line"] for r in events.read_log(job.result_dir)] == ["mine"]
+
+
+def test_a_log_folder_that_is_a_link_is_ignored(job, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "console.jsonl").write_text(json.dumps({"id": "1-0", "line": "x"}) + "\n")
+    Path(job.result_dir).mkdir(parents=True, exist_ok=True)
+    (Path(job.result_dir) / "log").symlink_to(elsewhere)
+    assert events.read_log(job.result_dir) == []
+    assert not events.ingest({"type": "log", "job_id": job.pk, "source": "driver", "ts": 1.0,
+                              "line": "y"}, stream_id="9-0")
+    assert "y" not in (elsewhere / "console.jsonl").read_text()
+
+
 def test_reading_a_long_log_returns_its_tail(job):
     path = Path(job.result_dir) / "log" / "console.jsonl"
     path.parent.mkdir(parents=True)
