@@ -40,8 +40,18 @@ def _local_secret_key() -> str:
         return path.read_text().strip()
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(50)
-    path.write_text(key)
-    path.chmod(0o600)
+    # Written 0600 to a private name, then linked into place: never readable by others,
+    # never seen half-written, and the first of several starting processes wins.
+    tmp = VAR_DIR / f".secret_key.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        key = path.read_text().strip()
+    finally:
+        tmp.unlink()
     return key
 
 

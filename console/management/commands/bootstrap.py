@@ -61,8 +61,9 @@ class Command(BaseCommand):
             else:
                 password = secrets.token_urlsafe(12)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(password)
-                path.chmod(0o600)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(password)
         user = User.objects.create_superuser(username=username, email="", password=password)
         return user, password
 
