@@ -307,8 +307,12 @@ class SchedulerService:
 
     def _group_cycle(self, group: InstanceGroup, now, report: CycleReport) -> None:
         # Serialises decisions on this group across processes (a row lock on PostgreSQL; SQLite
-        # locks the whole database for the write transaction anyway).
-        InstanceGroup.objects.select_for_update().filter(pk=group.pk).first()
+        # locks the whole database for the write transaction anyway). FOR NO KEY UPDATE, not FOR
+        # UPDATE: a job inserted into the group, or a job row updated twice in one transaction
+        # (a driver finishing its job), checks its foreign key with FOR KEY SHARE on this row at
+        # commit. FOR UPDATE would make every submission wait for the cycle, and deadlock a
+        # finishing driver that holds its job row while this cycle waits for that row.
+        InstanceGroup.objects.select_for_update(no_key=True).filter(pk=group.pk).first()
         grace = timedelta(seconds=group.reclaim_grace_s)
 
         # Reclaims past the grace period are forced: the slot is released now, its process ended.
@@ -520,8 +524,9 @@ class SchedulerService:
         if not jobs:
             return
         states.check_transition(None, states.PENDING, states.RUNNING)
+        # NO KEY: the rows' keys stay, so events and slots of these jobs may still be inserted.
         ids = list(
-            TrainingJob.objects.select_for_update()
+            TrainingJob.objects.select_for_update(no_key=True)
             .filter(pk__in=[j.pk for j in jobs], state=states.PENDING)
             .values_list("pk", flat=True)
         )
@@ -539,7 +544,7 @@ class SchedulerService:
         """Claim attempt 1 (the fencing token) for jobs that never had a driver, all at once,
         and start each driver on a host where the job holds a slot."""
         ids = list(
-            TrainingJob.objects.select_for_update()
+            TrainingJob.objects.select_for_update(no_key=True)
             .filter(pk__in=[j.pk for j in jobs], attempt=0)
             .values_list("pk", flat=True)
         )

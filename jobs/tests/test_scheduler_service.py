@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 import redis
 from django.conf import settings as django_settings
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from jobs import states
@@ -457,3 +457,61 @@ def test_a_decision_the_database_refuses_is_dropped_whole(
         assert service.cycle().grants == 5  # the next cycle re-reads and decides afresh
     assert SlotAllocation.objects.filter(released_at=None).count() == 5
     assert_never_double_booked()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cycle_blocks_neither_a_submission_nor_a_finishing_driver(
+    owner, model_def, cluster, monkeypatch
+):
+    """While a cycle holds its instance group's row lock, another connection submits a job into
+    the group and finishes a running job as a driver's supervisor does (two updates of the row
+    in one transaction). Both check the job's foreign key to the group with FOR KEY SHARE at
+    commit: under FOR UPDATE the submission waited for the cycle, and a finishing driver that
+    held its job row deadlocked with a cycle waiting for that row (the load test,
+    tests/reliability/test_load.py)."""
+    from jobs.scheduler import service as service_module
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row lock modes are PostgreSQL's; SQLite locks the whole database")
+    running = submit(owner, model_def, cluster, max_workers=1)
+    SchedulerService(RecordingExecutor(), host_timeout_s=60).cycle()
+    running.refresh_from_db()
+    assert running.state == states.RUNNING
+    outcome: dict[str, str] = {}
+
+    def submit_one() -> None:
+        submit(owner, model_def, cluster, max_workers=1)
+
+    def finish_running() -> None:
+        job = TrainingJob.objects.get(pk=running.pk)
+        job.transition(states.FINISHED)
+        job.heartbeat = None
+        job.save(update_fields=["heartbeat"])
+
+    def write_from_another_connection() -> None:
+        try:
+            for name, write in (("submit", submit_one), ("finish", finish_running)):
+                try:
+                    with transaction.atomic():
+                        with connection.cursor() as cursor:
+                            cursor.execute("SET LOCAL lock_timeout = '5s'")
+                        write()
+                    outcome[name] = "committed"
+                except OperationalError as exc:
+                    outcome[name] = f"blocked: {exc}"
+        finally:
+            connection.close()
+
+    real_allocate = service_module.allocate
+
+    def allocate_while_another_connection_writes(*args, **kwargs):
+        # Inside the cycle's transaction, after it locked the group.
+        writer = threading.Thread(target=write_from_another_connection)
+        writer.start()
+        writer.join(30)
+        return real_allocate(*args, **kwargs)
+
+    monkeypatch.setattr(service_module, "allocate", allocate_while_another_connection_writes)
+    SchedulerService(RecordingExecutor(), host_timeout_s=60).cycle()
+    assert outcome == {"submit": "committed", "finish": "committed"}, outcome
+    assert TrainingJob.objects.get(pk=running.pk).state == states.FINISHED

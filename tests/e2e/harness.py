@@ -109,6 +109,11 @@ class Cluster:
     def start_scheduler(self, key: str = "scheduler") -> subprocess.Popen:
         return self._start(key, ["run_scheduler", "--interval", "1", "--lock-ttl", "3"])
 
+    def start_events(self, key: str = "events") -> subprocess.Popen:
+        """The event consumer: runtime and scheduler events into the database and browsers."""
+        return self._start(key, ["run_events", "--consumer", f"e2e-{self.run_id}",
+                                 "--block-ms", "200"])
+
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every started agent registered its host and a scheduler holds the lock."""
         import redis
