@@ -106,7 +106,10 @@ class TrainingJob(models.Model):
         The check runs against the row locked in the database, not this possibly stale copy, so
         two processes cannot both move the same job out of one state."""
         with transaction.atomic():
-            current = TrainingJob.objects.select_for_update().only("state").get(pk=self.pk).state
+            # NO KEY: the key never changes here, and a plain FOR UPDATE would also block the
+            # foreign-key checks of rows that point at this job (allocations, events).
+            locked = TrainingJob.objects.select_for_update(no_key=True).only("state")
+            current = locked.get(pk=self.pk).state
             states.check_transition(self.pk, current, target)
             now = timezone.now()
             self.state = target

@@ -106,6 +106,7 @@ def data_dirs(job: TrainingJob) -> dict[str, str]:
 
 
 _fabric_home_built = False
+_fabric_home_lock = threading.Lock()
 
 
 def fabric_home() -> str:
@@ -115,9 +116,10 @@ def fabric_home() -> str:
     process, so an upgraded runtime reaches new jobs."""
     global _fabric_home_built
     home = Path(getattr(settings, "EDT_FABRIC_HOME", settings.VAR_DIR / "fabric"))
-    if not _fabric_home_built:
-        build_fabric_home(home)
-        _fabric_home_built = True
+    with _fabric_home_lock:  # launches run in threads: build once, and let others wait for it
+        if not _fabric_home_built:
+            build_fabric_home(home)
+            _fabric_home_built = True
     return str(home)
 
 

@@ -129,7 +129,8 @@ def _record_driver_started(job_id: int, attempt: int, host_name: str, addr: str)
     is the job's current one: a stale driver must not become the one control messages reach.
     False when a newer attempt exists."""
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().filter(pk=job_id, attempt=attempt).first()
+        job = (TrainingJob.objects.select_for_update(no_key=True)
+               .filter(pk=job_id, attempt=attempt).first())
         if job is None:
             return False
         if job.is_terminal:
@@ -238,7 +239,8 @@ def _watch_driver(job_id: int, attempt: int, host_name: str, child, addr_file: s
 def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int, child) -> str:
     with transaction.atomic():
         try:
-            job = TrainingJob.objects.select_for_update().get(pk=job_id, attempt=attempt)
+            job = (TrainingJob.objects.select_for_update(no_key=True)
+                   .get(pk=job_id, attempt=attempt))
         except TrainingJob.DoesNotExist:
             return "superseded"
         if job.is_terminal:

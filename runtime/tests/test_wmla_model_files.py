@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -107,6 +108,32 @@ def test_it_builds_an_importable_fabric_zip(fabric_home: Path) -> None:
                  "pth_parameter_mgr.py", "pyedt/fabric_model.py", "runtime/__init__.py"):
         assert name in names
     assert not [n for n in names if "/tests/" in n]
+
+
+def test_concurrent_builds_of_one_fabric_home_all_succeed(tmp_path: Path) -> None:
+    """Launch threads of one agent (same pid) build at the same moment: each must get a
+    whole zip, none may fail, and no temporary file may be left behind."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def build() -> None:
+        barrier.wait()
+        for _ in range(10):
+            try:
+                build_fabric_home(tmp_path)
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    libs = tmp_path / "libs"
+    assert sorted(p.name for p in libs.iterdir()) == ["fabric.zip"]
+    assert zipfile.ZipFile(libs / "fabric.zip").testzip() is None
+    assert (libs / "fabric.zip").stat().st_mode & 0o777 == 0o644
 
 
 def test_it_runs_a_wmla_model_folder_standalone(tmp_path: Path, fabric_home: Path) -> None:
