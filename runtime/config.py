@@ -23,7 +23,8 @@ Variables (all optional except where a role needs them):
 ``EDT_RDZV_GRACE_S``           how long the driver waits for more joiners before it forms
                                a generation from the ones it has (default 0.5)
 ``EDT_PEER_TIMEOUT_S``         bound on detecting a dead peer or driver (default 20)
-``EDT_HEARTBEAT_S``            worker heartbeat / change polling period (default 0.05)
+``EDT_HEARTBEAT_S``            worker liveness beat period (default 1; membership changes
+                               are pushed by the driver at once, not polled)
 ``EDT_PULL_WEIGHT_TIME_OUT``   seconds a joiner waits for the weights (default 120)
 ``EDT_PULL_FAILED_LIMITS``     PULL_FAILED retries before a joiner stops (default 3)
 ``EDT_SEED``                   seed of the per-epoch sample order (default 0)
@@ -122,7 +123,7 @@ class JobEnv:
             min_workers=max(1, _int("EDT_MIN_WORKERS", 1)),
             rdzv_grace_s=_float("EDT_RDZV_GRACE_S", 0.5),
             peer_timeout_s=_float("EDT_PEER_TIMEOUT_S", 20.0),
-            heartbeat_s=_float("EDT_HEARTBEAT_S", 0.05),
+            heartbeat_s=_float("EDT_HEARTBEAT_S", 1.0),
             pull_timeout_s=_float("EDT_PULL_WEIGHT_TIME_OUT", 120.0),
             pull_failed_limits=max(1, _int("EDT_PULL_FAILED_LIMITS", 3)),
             seed=_int("EDT_SEED", 0),

@@ -111,7 +111,9 @@ class Driver:
             while not self.done.is_set():
                 self.rdzv.tick()
                 self._check_end()
-                self.done.wait(0.01)
+                # Every request and report notifies; the timeout only drives the clocks
+                # (peer timeouts, the start grace).
+                self.rdzv.wait_change(0.05)
         finally:
             self.state = self.outcome
             # Give workers blocked on a reply a moment to read it before the server dies.
@@ -165,23 +167,44 @@ class Driver:
         return Handler
 
     def _link(self, sock: socket.socket, header: dict[str, Any]) -> None:
+        """A worker's persistent link: this thread reads its beats and reports, a second
+        one pushes the membership view whenever it changes (and every ``keepalive`` s)."""
         worker_id = header["worker_id"]
         rdzv = self.rdzv
+        closed = threading.Event()
+        threading.Thread(target=self._push, args=(sock, closed), daemon=True,
+                         name=f"edt-push-{worker_id}").start()
         try:
             while True:
                 msg, _ = wire.recv_msg(sock)
                 rdzv.heartbeat(worker_id)
                 for report in msg.get("reports", []):
                     self._report(worker_id, report)
-                wire.send_msg(
-                    sock,
-                    {"pending": rdzv.pending(), "generation": rdzv.generation,
-                     "stop": rdzv.stop_requested},
-                )
         except (OSError, ValueError):
             pass
         finally:
+            closed.set()
             rdzv.link_closed(worker_id)
+
+    def _push(self, sock: socket.socket, closed: threading.Event) -> None:
+        keepalive = min(1.0, self.env.peer_timeout_s / 4)
+        last: tuple | None = None
+        sent_at = 0.0
+        try:
+            while not closed.is_set():
+                view = self.rdzv.wait_view(last, max(0.0, sent_at + keepalive - time.monotonic()))
+                if closed.is_set():
+                    return
+                if view != last or time.monotonic() - sent_at >= keepalive:
+                    generation, pending, stop = view
+                    wire.send_msg(sock, {"generation": generation, "pending": pending,
+                                         "stop": stop})
+                    last, sent_at = view, time.monotonic()
+        except (OSError, ValueError):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # unblock the reader too
+            except OSError:
+                pass
 
     def _dispatch(self, op: str, h: dict[str, Any], payload: bytes | None):
         rdzv = self.rdzv

@@ -25,7 +25,8 @@ Types and their fields (stable; the console depends on them):
 - ``worker.joining``: ``worker_id``, ``generation`` (a new worker registered and waits for
   the next iteration boundary)
 - ``worker.joined``: ``worker_id``, ``generation``, ``rank``
-- ``worker.left``: ``worker_id``, ``reason`` (reclaimed | killed | lost | finished),
+- ``worker.left``: ``worker_id``, ``reason`` (reclaimed | killed | lost | late | finished;
+  late = alive but missed a rendezvous, it rejoins),
   ``generation``
 - ``metrics.train``: ``epoch``, ``iteration`` (step in epoch, 1-based), ``global_step``,
   ``loss``, one key per metric (``accuracy``, ...), ``samples_per_s``, ``workers``

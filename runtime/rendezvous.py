@@ -5,11 +5,11 @@ current members train; the driver only changes membership at an iteration bounda
 
 1. something asks for a change: a joiner registers, a leave or stop is requested, or a
    member is lost (its link socket closed, or no heartbeat for ``peer_timeout_s``);
-2. workers see ``pending`` in their heartbeat replies and raise a flag inside the next
+2. the driver pushes ``pending`` down each worker's link at once; workers raise a flag in the next
    gradient all-reduce, so every member agrees to stop after that same step (or a
    collective fails because a peer died, and the survivors arrive with ``failed``);
 3. each member calls ``sync``; once every live member has arrived (members that do not
-   arrive within ``peer_timeout_s`` are dropped) the driver forms generation ``g+1``:
+   arrive within ``peer_timeout_s`` are dropped as "late") the driver forms generation ``g+1``:
    survivors first (the one with the most committed steps is rank 0), then joiners.
    Leavers are told to leave; when nobody stays, the furthest leaver hands its state to
    the driver first, and rank 0 of the next generation fetches it from there.
@@ -58,6 +58,10 @@ class Rendezvous:
         self.arrived: dict[str, Arrival] = {}
         self.leaving: set[str] = set()
         self.lost: set[str] = set()
+        # Dropped for missing a rendezvous while their link stayed up (e.g. stuck connecting
+        # to a peer that died as the generation formed): reported as "late", not "lost";
+        # they rejoin when they get out.
+        self.late: set[str] = set()
         self.left: dict[str, str] = {}  # worker id -> reason, for status and leave waiters
         self.finished: set[str] = set()
         self.last_seen: dict[str, float] = {}
@@ -154,6 +158,26 @@ class Rendezvous:
                 self.cv.wait(min(left, 0.5))
             return self.assignments.pop(worker_id)
 
+    def view(self) -> tuple[int, bool, bool]:
+        """What a worker's link is told: (generation, pending, stop requested)."""
+        with self.cv:
+            return self.generation, self._pending_locked(), self.stop_requested
+
+    def wait_view(self, last: tuple | None, timeout: float) -> tuple[int, bool, bool]:
+        """The view once it differs from ``last``, or after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while True:
+                current = (self.generation, self._pending_locked(), self.stop_requested)
+                left = deadline - time.monotonic()
+                if current != last or left <= 0:
+                    return current
+                self.cv.wait(left)
+
+    def wait_change(self, timeout: float) -> None:
+        with self.cv:
+            self.cv.wait(timeout)
+
     def heartbeat(self, worker_id: str) -> None:
         with self.cv:
             self.last_seen[worker_id] = time.monotonic()
@@ -217,7 +241,7 @@ class Rendezvous:
 
     # -- the coordinator ---------------------------------------------------------------
     def tick(self) -> None:
-        """Advance the state machine; the driver calls this every few milliseconds."""
+        """Advance the state machine; the driver calls this on every change and at 20 Hz."""
         with self.cv:
             now = time.monotonic()
             for m in self.members:
@@ -225,6 +249,7 @@ class Rendezvous:
                 stale = now - seen > self.peer_timeout_s
                 if m not in self.lost and m not in self.arrived and stale:
                     self.lost.add(m)
+                    self.cv.notify_all()
             if not self.members:
                 self._maybe_start(now)
                 return
@@ -237,6 +262,7 @@ class Rendezvous:
                 if first is None or now - first < self.peer_timeout_s:
                     return
                 self.lost.update(missing)
+                self.late.update(missing)
             self._form(now)
 
     def _maybe_start(self, now: float) -> None:
@@ -254,7 +280,7 @@ class Rendezvous:
         survivors = [m for m in old_members if m in arrived and m not in self.lost]
         for m in old_members:
             if m in self.lost and m not in self.left:
-                self._mark_left(m, "lost")
+                self._mark_left(m, "late" if m in self.late else "lost")
         if self.stop_requested:
             self._finish_stop(survivors, arrived)
             return
@@ -277,6 +303,7 @@ class Rendezvous:
             self.leaving.discard(m)
         self.arrived = {}
         self.lost -= set(old_members)
+        self.late -= set(old_members)
         for m in joiners:
             self.joiners.pop(m, None)
         self.members = new

@@ -22,6 +22,7 @@ import io
 import json
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -67,7 +68,16 @@ class UserCodeError(Exception):
 
 
 class DriverLink(threading.Thread):
-    """Persistent connection to the driver: heartbeats, reports, ``pending`` flag."""
+    """Persistent connection to the driver, both ways.
+
+    Upwards it carries reports (sent as soon as they are queued, at most every
+    ``REPORT_SPACING_S``) and a liveness beat every ``period_s``; downwards the driver
+    pushes its view ``(generation, pending, stop)`` the moment membership changes, and
+    at least every second as its own beat. Nothing polls: a worker learns of a change
+    within one network round trip, and an idle link costs two small messages a second.
+    """
+
+    REPORT_SPACING_S = 0.1
 
     def __init__(self, addr: str, worker_id: str, period_s: float, peer_timeout_s: float):
         super().__init__(name="edt-driver-link", daemon=True)
@@ -75,57 +85,87 @@ class DriverLink(threading.Thread):
         self.worker_id = worker_id
         self.period_s = period_s
         self.peer_timeout_s = peer_timeout_s
-        # (driver generation, pending) from the latest heartbeat reply; a reply about an
-        # older generation than the worker's own is stale and must not trigger a re-sync.
+        # (driver generation, pending) from the latest push; a push about an older
+        # generation than the worker's own is stale and must not trigger a re-sync.
         self.view: tuple[int, bool] = (-1, False)
         self.lost = False
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._wake = threading.Event()
         self._stop_evt = threading.Event()
         self._flushed = threading.Event()
+        self._last_heard = time.monotonic()
 
     def report(self, r: dict[str, Any]) -> None:
         self._queue.append(r)
+        self._wake.set()
+
+    def _listen(self, sock: socket.socket, broken: threading.Event) -> None:
+        """Reads the driver's pushes until the connection breaks."""
+        try:
+            while True:
+                msg, _ = wire.recv_msg(sock)
+                self.view = (int(msg.get("generation", -1)), bool(msg.get("pending")))
+                self._last_heard = time.monotonic()
+        except (OSError, ValueError):
+            broken.set()
+            self._wake.set()
+
+    def _send(self, sock: socket.socket) -> None:
+        reports = []
+        while self._queue and len(reports) < 256:
+            reports.append(self._queue.popleft())
+        try:
+            wire.send_msg(sock, {"op": "beat", "reports": reports})
+        except OSError:
+            self._queue.extendleft(reversed(reports))
+            raise
 
     def run(self) -> None:
-        last_ok = time.monotonic()
-        sock = None
+        sock: socket.socket | None = None
+        broken = threading.Event()
         while True:
             stopping = self._stop_evt.is_set()
             try:
                 if sock is None:
                     sock = wire.connect(self.addr, timeout=self.peer_timeout_s)
+                    # Writes stay bounded; reads block until the driver's next push.
                     sock.settimeout(self.peer_timeout_s)
                     wire.send_msg(sock, {"op": "link", "worker_id": self.worker_id})
-                reports = []
-                while self._queue and len(reports) < 256:
-                    reports.append(self._queue.popleft())
-                try:
-                    wire.send_msg(sock, {"op": "beat", "reports": reports})
-                    reply, _ = wire.recv_msg(sock)
-                except OSError:
-                    self._queue.extendleft(reversed(reports))
-                    raise
-                self.view = (int(reply.get("generation", -1)), bool(reply.get("pending")))
-                last_ok = time.monotonic()
+                    broken = threading.Event()
+                    threading.Thread(target=self._listen, args=(sock, broken),
+                                     name="edt-driver-push", daemon=True).start()
+                if broken.is_set():
+                    raise ConnectionError("driver link broken")
+                self._send(sock)
             except (OSError, ValueError):
                 if sock is not None:
                     sock.close()
                     sock = None
-                if time.monotonic() - last_ok > self.peer_timeout_s or stopping:
+                if time.monotonic() - self._last_heard > self.peer_timeout_s or stopping:
                     self.lost = not stopping
                     self._flushed.set()
                     return
-                time.sleep(min(0.5, self.period_s * 4))
+                self._stop_evt.wait(min(0.5, self.period_s))
                 continue
             if stopping and not self._queue:
                 sock.close()
                 self._flushed.set()
                 return
+            if time.monotonic() - self._last_heard > self.peer_timeout_s:
+                # Connected, but the driver has not spoken for too long: it is gone.
+                sock.close()
+                self.lost = True
+                self._flushed.set()
+                return
             if not self._queue:
-                self._stop_evt.wait(self.period_s)
+                self._wake.wait(self.period_s)
+                self._wake.clear()
+                if self._queue and not self._stop_evt.is_set():
+                    self._stop_evt.wait(self.REPORT_SPACING_S)  # batch a burst of reports
 
     def close(self, timeout: float = 10.0) -> None:
         self._stop_evt.set()
+        self._wake.set()
         if self.is_alive():
             self._flushed.wait(timeout)
 
@@ -216,6 +256,7 @@ class Trainer:
             self.device = torch.device("cpu")
         self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self._make_grad_buckets()
         self.worker_logger = fm.worker_logger_callback or QuietLogger()
         self.local_reports: Reports | None = None
         if self.standalone:
@@ -303,7 +344,7 @@ class Trainer:
             except PeerFailure as exc:
                 print(f"[edt] generation {self.generation} failed ({exc}); re-forming",
                       file=sys.stderr, flush=True)
-                self.optimizer.zero_grad(set_to_none=True)
+                self._zero_grads()
                 # Close our connections now: a peer blocked on us (not on the dead one, e.g.
                 # further round the ring) then fails at once instead of after the timeout.
                 self._destroy_pg()
@@ -401,7 +442,7 @@ class Trainer:
         if not math.isfinite(loss_value):
             raise UserCodeError(f"loss is {loss_value} at epoch {epoch} iteration {step + 1}")
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grads()
         n = int(stats[1].item())
         self.pos.step += 1
         self.pos.global_step += 1
@@ -440,24 +481,52 @@ class Trainer:
             p.grad = None
         return accum
 
-    def _allreduce_grads(self, stats: torch.Tensor) -> None:
+    def _make_grad_buckets(self) -> None:
+        """One flat gradient buffer per dtype, with every ``p.grad`` a view into it.
+
+        Backward then accumulates straight into the buffer and the all-reduce works on it
+        in place: no per-step allocation and no copy in or out, the layout DDP gets from
+        ``gradient_as_bucket_view``. Code that replaces ``p.grad`` (a WMLA ``fn_step_train``
+        calling ``zero_grad``) still works: such a gradient is copied back in before the
+        all-reduce.
+        """
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
         for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+            groups.setdefault((p.dtype, p.device), []).append(p)
+        self._buckets: list[tuple[torch.Tensor, list[tuple[torch.nn.Parameter, torch.Tensor]]]]
+        self._buckets = []
+        for (dtype, device), params in groups.items():
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
+            views, offset = [], 0
+            for p in params:
+                views.append((p, flat[offset: offset + p.numel()].view_as(p)))
+                offset += p.numel()
+            self._buckets.append((flat, views))
+        self._zero_grads()
+
+    def _zero_grads(self) -> None:
+        """Zero the gradient buffers and point every ``p.grad`` back at its view."""
+        for flat, views in self._buckets:
+            flat.zero_()
+            for p, view in views:
+                if p.grad is not view:
+                    p.grad = view
+
+    def _allreduce_grads(self, stats: torch.Tensor) -> None:
+        for _, views in self._buckets:
+            for p, view in views:
+                if p.grad is None:
+                    p.grad = view  # unused this step: its slice is still zero
+                elif p.grad is not view:
+                    view.copy_(p.grad)
+                    p.grad = view
         if self.world == 1:
             return
-        grads = [p.grad for p in self.params]
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
         try:
-            for group in by_dtype.values():
-                flat = torch.cat([g.reshape(-1) for g in group])
+            # Synchronous on purpose: after a peer dies, an async op still queued would
+            # hold destroy_process_group() until the backend's timeout.
+            for flat, _ in self._buckets:
                 dist.all_reduce(flat)
-                offset = 0
-                for g in group:
-                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                    offset += g.numel()
             dev_stats = stats.to(self.device)
             dist.all_reduce(dev_stats)
             stats.copy_(dev_stats.cpu())
@@ -718,7 +787,7 @@ class Trainer:
             blob = obj[0]
         if blob is not None:
             self.pos = state_mod.restore(self.model, self.optimizer, state_mod.loads(blob))
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grads()
         self.has_state = True
         if self.pos.step > 0:
             self._epoch_started = self.pos.epoch

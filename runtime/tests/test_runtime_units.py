@@ -154,3 +154,32 @@ def test_it_drops_a_member_that_stops_heartbeating() -> None:
         rdzv.tick()
     assert replies["a"]["world_size"] == 1 and replies["a"]["generation"] == 2
     assert ("worker.left", {"worker_id": "b", "reason": "lost", "generation": 1}) in seen
+
+
+def test_a_member_alive_but_missing_the_rendezvous_is_dropped_as_late_and_told_to_rejoin(
+) -> None:
+    import threading
+
+    seen = []
+    rdzv = Rendezvous(store_addr="h:1", grace_s=0, peer_timeout_s=0.2,
+                      on_event=lambda t, **f: seen.append((t, f)))
+    replies = {}
+    threads = [threading.Thread(target=lambda w=w: replies.update({w: rdzv.join(w, 5)}))
+               for w in ("a", "b")]
+    for t in threads:
+        t.start()
+    while len(replies) < 2:
+        rdzv.tick()
+    for t in threads:
+        t.join()
+    assert rdzv.members == ["a", "b"]
+    sync = threading.Thread(target=lambda: replies.update(a=rdzv.sync("a", 1, 5, True, 5)))
+    sync.start()
+    while sync.is_alive():
+        # b's link stays up (it heartbeats) but b is stuck and never arrives.
+        rdzv.heartbeat("a")
+        rdzv.heartbeat("b")
+        rdzv.tick()
+    assert replies["a"]["world_size"] == 1 and replies["a"]["generation"] == 2
+    assert ("worker.left", {"worker_id": "b", "reason": "late", "generation": 1}) in seen
+    assert rdzv.sync("b", 1, 5, True, 1)["action"] == "rejoin"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import random
 import shutil
@@ -42,8 +43,8 @@ from tests.reliability.tcp_proxy import TcpProxy
 redis = pytest.importorskip("redis")
 
 SAMPLES = 192  # 12 steps of 16 (batch 4 x engines 4) per epoch
-# SIGSTOP length for the Redis pause test (issue 8 says 30 s; CI uses a few seconds).
-PAUSE_S = float(os.environ.get("EDT_TEST_REDIS_PAUSE_S", "3"))
+# SIGSTOP length for the Redis pause test (issue 8: 30 s; shorter for a quick local run).
+PAUSE_S = float(os.environ.get("EDT_TEST_REDIS_PAUSE_S", "30"))
 # Longest a committed step may wait on the events sink while Redis is frozen.
 STALL_BOUND_S = 1.5
 
@@ -191,12 +192,17 @@ def test_it_finishes_and_resumes_events_when_redis_restarts_mid_training(
     assert json.loads(stream[-1])["state"] == "FINISHED"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pause_s", [PAUSE_S])
 def test_it_keeps_training_while_redis_is_frozen(
     tmp_path: Path, private_redis: PrivateRedis, pause_s: float
 ) -> None:
-    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="2",
-                   TEST_DELAY_S="0.03", EDT_EVENTS_REDIS_URL=private_redis.url)
+    # Enough steps that training outlasts the pause: a step reads 8 samples per worker, one
+    # after the other, so it takes at least 8 x TEST_DELAY_S (30% margin).
+    delay = 0.01
+    samples = 16 * math.ceil(1.3 * (pause_s + 3) / (8 * delay) / 2)
+    env = base_env(tmp_path, TEST_SAMPLES=str(samples), EDT_MIN_WORKERS="2",
+                   TEST_DELAY_S=str(delay), EDT_EVENTS_REDIS_URL=private_redis.url)
     assert private_redis.proc is not None
     with LocalJob(SCRIPT, env=env) as job:
         job.start_driver()
@@ -214,9 +220,10 @@ def test_it_keeps_training_while_redis_is_frozen(
         finally:
             private_redis.proc.send_signal(signal.SIGCONT)
         t_cont = time.time()
-        assert job.wait(120) == 0, driver_log(tmp_path)
-    assert_every_sample_once(tmp_path, SAMPLES, 2)
+        assert job.wait(120 + pause_s * 2) == 0, driver_log(tmp_path)
+    assert_every_sample_once(tmp_path, samples, 2)
     gap = _max_gap(tmp_path, t_stop, t_cont)
+    assert max(s["ts"] for s in steps(tmp_path)) > t_cont, "training ended before the pause"
     assert gap < STALL_BOUND_S, f"training stalled {gap:.2f}s while Redis was frozen"
     assert during >= 3, f"only {during} steps in {pause_s}s of Redis pause"
     # Redis kept its data: the stream is exactly what the processes emitted, each once.
@@ -352,7 +359,10 @@ def test_it_completes_every_epoch_under_seeded_worker_kills(tmp_path: Path,
     assert_every_sample_once(tmp_path, SAMPLES, 2)
     assert_same_training(tmp_path, reference)
     ev = events(tmp_path)
-    lost = [e["worker_id"] for e in ev if e["type"] == "worker.left" and e["reason"] == "lost"]
-    assert sorted(lost) == sorted(killed)
+    left = [(e["worker_id"], e["reason"]) for e in ev if e["type"] == "worker.left"]
+    assert sorted(w for w, reason in left if reason == "lost") == sorted(killed)
+    # A survivor stuck connecting to a peer killed as a generation formed may be dropped as
+    # "late" (and rejoin); nobody else leaves before the end.
+    assert {reason for _, reason in left} <= {"lost", "late", "finished"}, left
     joined = {e["worker_id"] for e in ev if e["type"] == "worker.joined"}
     assert {"r0", "r1"} <= joined
