@@ -42,6 +42,8 @@ from .sampler import ElasticSampler, shard
 from .state import Position
 
 PROGRESS_EPOCH = 1 << 32
+# Statistics folded into a gradient buffer: loss, samples, index sum (two parts), change flag.
+_FOLDED_STATS = 5
 
 
 class PeerFailure(Exception):
@@ -495,17 +497,29 @@ class Trainer:
             groups.setdefault((p.dtype, p.device), []).append(p)
         self._buckets: list[tuple[torch.Tensor, list[tuple[torch.nn.Parameter, torch.Tensor]]]]
         self._buckets = []
+        # The step's statistics ride at the end of the first float32/float64 buffer: one
+        # collective per step instead of two (a whole round trip between all members).
+        self._stats_slot: torch.Tensor | None = None
+        n_stats = _FOLDED_STATS + len(self.fm.metrics or [])
         for (dtype, device), params in groups.items():
-            flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
+            fold = self._stats_slot is None and dtype in (torch.float32, torch.float64)
+            size = sum(p.numel() for p in params)
+            flat = torch.zeros(size + (n_stats if fold else 0), dtype=dtype, device=device)
             views, offset = [], 0
             for p in params:
                 views.append((p, flat[offset: offset + p.numel()].view_as(p)))
                 offset += p.numel()
+            if fold:
+                self._stats_slot = flat[size:]
             self._buckets.append((flat, views))
         self._zero_grads()
 
     def _zero_grads(self) -> None:
-        """Zero the gradient buffers and point every ``p.grad`` back at its view."""
+        """Zero the gradient buffers and point every ``p.grad`` back at its view. Alone, no
+        buffer is needed: gradients are dropped and backward's own tensors used as they are."""
+        if self.world == 1:
+            self.optimizer.zero_grad(set_to_none=True)
+            return
         for flat, views in self._buckets:
             flat.zero_()
             for p, view in views:
@@ -513,6 +527,11 @@ class Trainer:
                     p.grad = view
 
     def _allreduce_grads(self, stats: torch.Tensor) -> None:
+        if self.world == 1:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)  # as a bucket's zero slice would be
+            return
         for _, views in self._buckets:
             for p, view in views:
                 if p.grad is None:
@@ -520,16 +539,28 @@ class Trainer:
                 elif p.grad is not view:
                     view.copy_(p.grad)
                     p.grad = view
-        if self.world == 1:
-            return
+        slot = self._stats_slot
+        if slot is not None:
+            # The sample-index sum (a check of the sample order, exact in float64) is split
+            # so that each part stays an exact integer in float32 as well.
+            hi, lo = divmod(int(stats[2].item()), 4096)
+            folded = torch.cat([stats[:2], torch.tensor([hi, lo], dtype=torch.float64),
+                                stats[3:]])
+            slot.copy_(folded)
         try:
             # Synchronous on purpose: after a peer dies, an async op still queued would
             # hold destroy_process_group() until the backend's timeout.
             for flat, _ in self._buckets:
                 dist.all_reduce(flat)
-            dev_stats = stats.to(self.device)
-            dist.all_reduce(dev_stats)
-            stats.copy_(dev_stats.cpu())
+            if slot is not None:
+                summed = slot.to("cpu", torch.float64)
+                stats[:2] = summed[:2]
+                stats[2] = summed[2] * 4096 + summed[3]
+                stats[3:] = summed[4:]
+            else:
+                dev_stats = stats.to(self.device)
+                dist.all_reduce(dev_stats)
+                stats.copy_(dev_stats.cpu())
         except (RuntimeError, dist.DistBackendError) as exc:
             raise PeerFailure(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 
@@ -787,7 +818,7 @@ class Trainer:
             blob = obj[0]
         if blob is not None:
             self.pos = state_mod.restore(self.model, self.optimizer, state_mod.loads(blob))
-            self._zero_grads()
+        self._zero_grads()  # buffers (or none, alone) for the new size
         self.has_state = True
         if self.pos.step > 0:
             self._epoch_started = self.pos.epoch
