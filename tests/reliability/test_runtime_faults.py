@@ -45,6 +45,10 @@ redis = pytest.importorskip("redis")
 SAMPLES = 192  # 12 steps of 16 (batch 4 x engines 4) per epoch
 # SIGSTOP length for the Redis pause test (issue 8: 30 s; shorter for a quick local run).
 PAUSE_S = float(os.environ.get("EDT_TEST_REDIS_PAUSE_S", "30"))
+# The chaos soak: a random worker killed every LOW-HIGH seconds, at most KILLS times.
+CHAOS_INTERVAL_S = tuple(float(v) for v in os.environ.get(
+    "EDT_TEST_CHAOS_INTERVAL_S", "20,60").split(","))
+CHAOS_KILLS = int(os.environ.get("EDT_TEST_CHAOS_KILLS", "2"))
 # Longest a committed step may wait on the events sink while Redis is frozen.
 STALL_BOUND_S = 1.5
 
@@ -366,3 +370,59 @@ def test_it_completes_every_epoch_under_seeded_worker_kills(tmp_path: Path,
     assert {reason for _, reason in left} <= {"lost", "late", "finished"}, left
     joined = {e["worker_id"] for e in ev if e["type"] == "worker.joined"}
     assert {"r0", "r1"} <= joined
+
+
+@pytest.mark.slow
+def test_a_chaos_soak_killing_a_random_worker_every_20_to_60_s_ends_complete(
+    tmp_path: Path,
+) -> None:
+    """A random member SIGKILLed at seeded random intervals of 20-60 s, at most
+    ``CHAOS_KILLS`` times; after each kill one replacement process starts, as the host agent
+    would within the job's restart budget. The job finishes with every sample of every
+    epoch seen exactly once, and only the killed workers are reported lost."""
+    rng = random.Random(20261124)
+    low, high = CHAOS_INTERVAL_S
+    gaps = [rng.uniform(low, high) for _ in range(CHAOS_KILLS)]
+    delay = 0.01
+    # 3 workers share a step of 16 samples: a step reads 6 one after the other, 60-90 ms
+    # with the delay. Size the run for about the soak's length, and hold the very last step
+    # until the soak is over, so training outlasts it however fast the machine is.
+    per_epoch = math.ceil((sum(gaps) + 10) / 0.08 / 2)
+    samples = 16 * per_epoch
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env = base_env(tmp_path, TEST_SAMPLES=str(samples), EDT_MIN_WORKERS="3",
+                   EDT_PEER_TIMEOUT_S="6", TEST_DELAY_S=str(delay), TEST_CKPT_FREQ="0",
+                   TEST_HOLD_DIR=str(hold), TEST_HOLD_AT=f"1:{per_epoch - 1}")
+    killed: list[str] = []
+    kill_times: list[float] = []
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        for i in range(3):
+            job.add_worker(f"w{i}")
+        wait_for_step(tmp_path, lambda s: s["global_step"] >= 1, "the first step", timeout=90)
+        for n, gap in enumerate(gaps):
+            since = time.monotonic()
+            # The schedule, not a synchronisation: wait out the interval unless the job ends.
+            wait_until(lambda since=since, gap=gap: time.monotonic() - since >= gap
+                       or job.driver.poll() is not None, f"kill {n + 1} at {gap:.0f}s",
+                       timeout=gap + 5)
+            assert job.driver.poll() is None, "the job ended before the soak did"
+            victim = rng.choice(sorted(control.status(job.driver_addr)["members"]))
+            job.kill_worker(victim)
+            killed.append(victim)
+            kill_times.append(time.time())
+            job.add_worker(f"r{n}")
+        (hold / f"go-1-{per_epoch - 1}").touch()
+        assert job.wait(120 + sum(gaps)) == 0, driver_log(tmp_path)
+    assert all(job.workers[w].returncode == -9 for w in killed)
+    assert_every_sample_once(tmp_path, samples, 2)
+    rows = steps(tmp_path)
+    # Each kill cost at most the step in flight plus the peer timeout: never a long stall.
+    for t in kill_times:
+        after = [r["ts"] for r in rows if r["ts"] > t]
+        assert after and after[0] - t < 6 + 5, f"no step within 11 s of the kill at {t}"
+    left = [(e["worker_id"], e["reason"]) for e in events(tmp_path)
+            if e["type"] == "worker.left"]
+    assert sorted(w for w, reason in left if reason == "lost") == sorted(killed)
+    assert {reason for _, reason in left} <= {"lost", "late", "finished"}, left
