@@ -9,7 +9,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action, api_view, permission_classes, throttle_classes
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from console.api import serializers as s
@@ -125,14 +125,30 @@ class ModelDefinitionViewSet(viewsets.ModelViewSet):
             engine=data.get("engine", ModelDefinition.Engine.EDT),
         )
 
+    # What may change after registration; the rest was checked once (the code folder's
+    # confinement, its main file) and jobs already ran with it.
+    UPDATABLE = frozenset({"description", "hyper_parameters", "dataset"})
+
     def perform_update(self, serializer):
-        data = serializer.validated_data
+        data = dict(serializer.validated_data)
+        fixed = {
+            name: "cannot be changed once the model is registered; register a new model"
+            for name, value in data.items()
+            if name not in self.UPDATABLE and value != getattr(serializer.instance, name)
+        }
+        if fixed:
+            raise ValidationError(fixed)
         if "hyper_parameters" in data:
             data["hyper_parameters"] = model_services.validate_hyper_parameters(
                 data["hyper_parameters"]
             )
-        allowed = {"description", "hyper_parameters", "dataset"}
-        serializer.save(**{k: v for k, v in data.items() if k in allowed})
+        # Not serializer.save(**changes): DRF merges those into validated_data, every field.
+        model = serializer.instance
+        changed = sorted(self.UPDATABLE & data.keys())
+        for name in changed:
+            setattr(model, name, data[name])
+        if changed:
+            model.save(update_fields=changed)
 
 
 class JobViewSet(

@@ -302,3 +302,31 @@ def test_swagger_ui_works_offline(api, owner):
     response = api(owner).get("/api/docs/")
     assert response.status_code == 200
     assert b"/static/drf_spectacular_sidecar/" in response.content
+
+
+def test_patching_a_models_code_location_is_refused_and_changes_nothing(api, owner, model_def,
+                                                                        tmp_path):
+    """The code folder was confined and checked once, at registration: a PATCH must not move
+    it (to another user's folder, or outside the data roots)."""
+    before = (model_def.location, model_def.main_file, model_def.name)
+    response = api(owner).patch(
+        f"/api/v1/models/{model_def.pk}/",
+        {"location": str(tmp_path), "main_file": "other.py", "description": "new"},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert set(response.json()) == {"location", "main_file"}
+    model_def.refresh_from_db()
+    assert (model_def.location, model_def.main_file, model_def.name) == before
+    assert model_def.description != "new"
+
+
+def test_patching_the_description_works_and_unchanged_fields_may_be_sent_back(api, owner,
+                                                                             model_def):
+    body = api(owner).get(f"/api/v1/models/{model_def.pk}/").json()
+    body.update(description="better words")
+    body.pop("owner"), body.pop("created"), body.pop("id")
+    response = api(owner).patch(f"/api/v1/models/{model_def.pk}/", body, format="json")
+    assert response.status_code == 200, response.json()
+    model_def.refresh_from_db()
+    assert model_def.description == "better words"
