@@ -62,6 +62,26 @@ class InstanceGroupViewSet(viewsets.ModelViewSet):
     search_fields = ["name"]
 
 
+def _update_only(serializer, updatable: frozenset[str]) -> None:
+    """Save the ``updatable`` fields of a PATCH; any other field sent with a new value is a
+    400 naming it. Not ``serializer.save(**changes)``: DRF merges those into the validated
+    data, so every field sent would be written, unchecked."""
+    data = serializer.validated_data
+    fixed = {
+        name: ["cannot be changed after creation; create a new one instead"]
+        for name, value in data.items()
+        if name not in updatable and value != getattr(serializer.instance, name)
+    }
+    if fixed:
+        raise ValidationError(fixed)
+    obj = serializer.instance
+    changed = sorted(updatable & data.keys())
+    for name in changed:
+        setattr(obj, name, data[name])
+    if changed:
+        obj.save(update_fields=changed)
+
+
 class DatasetViewSet(viewsets.ModelViewSet):
     serializer_class = s.DatasetSerializer
     filterset_fields = ["type", "uploaded"]
@@ -81,11 +101,11 @@ class DatasetViewSet(viewsets.ModelViewSet):
             description=data.get("description", ""),
         )
 
+    # The paths were confined and checked once, at creation.
+    UPDATABLE = frozenset({"description"})
+
     def perform_update(self, serializer):
-        # Paths are checked at creation only; afterwards a dataset's description may change.
-        serializer.save(
-            **{k: v for k, v in serializer.validated_data.items() if k == "description"}
-        )
+        _update_only(serializer, self.UPDATABLE)
 
     @extend_schema(request=s.DatasetUploadSerializer, responses={201: s.DatasetSerializer})
     @action(detail=False, methods=["post"])
@@ -130,25 +150,13 @@ class ModelDefinitionViewSet(viewsets.ModelViewSet):
     UPDATABLE = frozenset({"description", "hyper_parameters", "dataset"})
 
     def perform_update(self, serializer):
-        data = dict(serializer.validated_data)
-        fixed = {
-            name: "cannot be changed once the model is registered; register a new model"
-            for name, value in data.items()
-            if name not in self.UPDATABLE and value != getattr(serializer.instance, name)
-        }
-        if fixed:
-            raise ValidationError(fixed)
-        if "hyper_parameters" in data:
-            data["hyper_parameters"] = model_services.validate_hyper_parameters(
-                data["hyper_parameters"]
+        if "hyper_parameters" in serializer.validated_data:
+            serializer.validated_data["hyper_parameters"] = (
+                model_services.validate_hyper_parameters(
+                    serializer.validated_data["hyper_parameters"]
+                )
             )
-        # Not serializer.save(**changes): DRF merges those into validated_data, every field.
-        model = serializer.instance
-        changed = sorted(self.UPDATABLE & data.keys())
-        for name in changed:
-            setattr(model, name, data[name])
-        if changed:
-            model.save(update_fields=changed)
+        _update_only(serializer, self.UPDATABLE)
 
 
 class JobViewSet(

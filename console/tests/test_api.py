@@ -316,6 +316,7 @@ def test_patching_a_models_code_location_is_refused_and_changes_nothing(api, own
     )
     assert response.status_code == 400
     assert set(response.json()) == {"location", "main_file"}
+    assert "cannot be changed" in response.json()["location"][0]
     model_def.refresh_from_db()
     assert (model_def.location, model_def.main_file, model_def.name) == before
     assert model_def.description != "new"
@@ -330,3 +331,18 @@ def test_patching_the_description_works_and_unchanged_fields_may_be_sent_back(ap
     assert response.status_code == 200, response.json()
     model_def.refresh_from_db()
     assert model_def.description == "better words"
+
+
+def test_patching_a_datasets_paths_is_refused_and_changes_nothing(api, owner, dataset, tmp_path):
+    before = (dataset.train_path, dataset.test_path)
+    response = api(owner).patch(f"/api/v1/datasets/{dataset.pk}/",
+                                {"train_path": "/etc", "description": "x"}, format="json")
+    assert response.status_code == 400
+    assert set(response.json()) == {"train_path"}
+    assert "cannot be changed" in response.json()["train_path"][0]
+    dataset.refresh_from_db()
+    assert (dataset.train_path, dataset.test_path) == before and dataset.description != "x"
+    ok = api(owner).patch(f"/api/v1/datasets/{dataset.pk}/", {"description": "x"}, format="json")
+    assert ok.status_code == 200
+    dataset.refresh_from_db()
+    assert dataset.description == "x"
