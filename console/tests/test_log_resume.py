@@ -12,17 +12,7 @@ from django.urls import reverse
 from console import views
 from jobs import events
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _quiet_channels(settings):
-    """The view is tested here, not the live path: keep events off the shared Redis."""
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    events.clear_caches()
-    yield
-    events.clear_caches()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quiet_channels")]
 
 
 def log_lines(job, count: int, *, first: int = 1) -> list[str]:

@@ -16,20 +16,7 @@ from jobs.models import JobEvent, SlotAllocation, TrainingJob
 from models.models import ModelDefinition
 from resources.models import InstanceGroup, ResourceGroup
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _quiet_channels(settings):
-    """Pages are tested here, not the live path: keep events off the shared Redis."""
-    from jobs import events
-
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    # The fixtures create several users per test; a fast hasher keeps the module quick.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    events.clear_caches()
-    yield
-    events.clear_caches()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quiet_channels")]
 
 
 @pytest.fixture

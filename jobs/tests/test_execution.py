@@ -57,6 +57,14 @@ def running(job: TrainingJob, attempt: int = 1) -> TrainingJob:
     return job
 
 
+def _wait_for_child(key: str, what: str, timeout: float = 20) -> None:
+    """Until the agent's registry holds the child ``key`` (a launch running in a thread)."""
+    deadline = time.monotonic() + timeout
+    while registry.get_child(key) is None:
+        assert time.monotonic() < deadline, f"{what} never started"
+        time.sleep(0.05)
+
+
 @pytest.mark.django_db
 def test_it_runs_user_code_in_a_child_with_a_scrubbed_environment(job, script, settings):
     settings.SECRET_KEY = "never-in-user-code"
@@ -182,10 +190,7 @@ def test_launching_the_same_slot_twice_starts_one_process(job, script, cluster, 
     first = threading.Thread(target=launch)
     first.start()
     try:
-        deadline = time.monotonic() + 20
-        while registry.get_child(f"slot:{alloc.pk}") is None:
-            assert time.monotonic() < deadline, "the worker never started"
-            time.sleep(0.05)
+        _wait_for_child(f"slot:{alloc.pk}", "the worker")
         assert supervisor.run_worker(alloc.pk) == "duplicate"
         assert _count_children(alloc.worker_id) == 1
         # The slot is reclaimed and the process leaves: the slot is released as reclaimed.
@@ -286,10 +291,7 @@ def test_a_superseded_driver_never_becomes_the_jobs_driver(job, script, tmp_path
     thread = threading.Thread(target=launch)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while registry.get_child(f"driver:{job.pk}:1") is None:
-            assert time.monotonic() < deadline, "the driver never started"
-            time.sleep(0.05)
+        _wait_for_child(f"driver:{job.pk}:1", "the driver")
         TrainingJob.objects.filter(pk=job.pk).update(attempt=2)
         gate.touch()
         thread.join(30)

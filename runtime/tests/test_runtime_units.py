@@ -128,24 +128,30 @@ def test_it_never_lets_a_broken_redis_stop_training(tmp_path: Path, monkeypatch)
         events.configure(source="standalone")
 
 
-def test_it_drops_a_member_that_stops_heartbeating() -> None:
-    seen = []
-    rdzv = Rendezvous(store_addr="h:1", grace_s=0, peer_timeout_s=0.2,
-                      on_event=lambda t, **f: seen.append((t, f)))
+def _formed_pair(seen: list) -> tuple[Rendezvous, dict]:
+    """A rendezvous (peer timeout 0.2 s) whose first generation is members a and b."""
     import threading
 
-    replies = {}
+    rdzv = Rendezvous(store_addr="h:1", grace_s=0, peer_timeout_s=0.2,
+                      on_event=lambda t, **f: seen.append((t, f)))
+    replies: dict = {}
     threads = [threading.Thread(target=lambda w=w: replies.update({w: rdzv.join(w, 5)}))
                for w in ("a", "b")]
     for t in threads:
         t.start()
-    while not all(w in rdzv.joiners for w in ("a", "b")):
-        rdzv.tick()
     while len(replies) < 2:
         rdzv.tick()
     for t in threads:
         t.join()
     assert rdzv.members == ["a", "b"] and replies["a"]["world_size"] == 2
+    return rdzv, replies
+
+
+def test_it_drops_a_member_that_stops_heartbeating() -> None:
+    import threading
+
+    seen: list = []
+    rdzv, replies = _formed_pair(seen)
     rdzv.heartbeat("a")
     sync = threading.Thread(target=lambda: replies.update(a=rdzv.sync("a", 1, 5, False, 5)))
     sync.start()
@@ -160,19 +166,8 @@ def test_a_member_alive_but_missing_the_rendezvous_is_dropped_as_late_and_told_t
 ) -> None:
     import threading
 
-    seen = []
-    rdzv = Rendezvous(store_addr="h:1", grace_s=0, peer_timeout_s=0.2,
-                      on_event=lambda t, **f: seen.append((t, f)))
-    replies = {}
-    threads = [threading.Thread(target=lambda w=w: replies.update({w: rdzv.join(w, 5)}))
-               for w in ("a", "b")]
-    for t in threads:
-        t.start()
-    while len(replies) < 2:
-        rdzv.tick()
-    for t in threads:
-        t.join()
-    assert rdzv.members == ["a", "b"]
+    seen: list = []
+    rdzv, replies = _formed_pair(seen)
     sync = threading.Thread(target=lambda: replies.update(a=rdzv.sync("a", 1, 5, True, 5)))
     sync.start()
     while sync.is_alive():
