@@ -794,14 +794,10 @@ class Trainer:
         self.generation, self.rank, self.world = a["generation"], a["rank"], a["world_size"]
         self._prefetch = {}
         timeout = datetime.timedelta(seconds=self.env.peer_timeout_s)
-        try:
-            if self.world > 1:
-                prefix = f"edt/{self.generation}/"
-                store = dist.PrefixStore(prefix, self._tcp_store(a["store_addr"]))
-                dist.init_process_group(self.backend, store=store, rank=self.rank,
-                                        world_size=self.world, timeout=timeout)
-        except (RuntimeError, dist.DistBackendError, dist.DistStoreError) as exc:
-            raise PeerFailure(f"process group init: {str(exc).splitlines()[0]}") from exc
+        if self.world > 1:
+            prefix = f"edt/{self.generation}/"
+            store = dist.PrefixStore(prefix, self._tcp_store(a["store_addr"]))
+            init_group(self.backend, store, self.rank, self.world, timeout)
         blob = None
         if a.get("fetch_state"):
             reply, blob = self._call({"op": "fetch_state", "min_version": a["state_version"],
@@ -827,6 +823,26 @@ class Trainer:
     def _publish_context(self) -> None:
         context.update(rank=self.rank, world_size=self.world, generation=self.generation,
                        worker_id=self.worker_id, epoch=self.pos.epoch, iteration=self.pos.step)
+
+
+def init_group(backend: str, store: Any, rank: int, world: int,
+               timeout: datetime.timedelta) -> None:
+    """``init_process_group`` that leaves this process as it found it when it fails.
+
+    Each call numbers its group from a process-wide counter, and that number is part of
+    every store key the group's members wait for. ``destroy_process_group`` resets the
+    counter, but a call that fails (a peer killed while the generation formed) never had a
+    group to destroy: without the reset, this process would count one ahead of every fresh
+    joiner and no later generation could ever form with them.
+    """
+    try:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                timeout=timeout)
+    except (RuntimeError, dist.DistBackendError, dist.DistStoreError) as exc:
+        c10d = dist.distributed_c10d
+        if not dist.is_initialized() and hasattr(c10d, "_world"):
+            c10d._world.group_count = 0  # what destroy_process_group() would have done
+        raise PeerFailure(f"process group init: {str(exc).splitlines()[0]}") from exc
 
 
 def _accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

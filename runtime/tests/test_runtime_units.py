@@ -178,3 +178,30 @@ def test_a_member_alive_but_missing_the_rendezvous_is_dropped_as_late_and_told_t
     assert replies["a"]["world_size"] == 1 and replies["a"]["generation"] == 2
     assert ("worker.left", {"worker_id": "b", "reason": "late", "generation": 1}) in seen
     assert rdzv.sync("b", 1, 5, True, 1)["action"] == "rejoin"
+
+
+def test_a_failed_group_init_leaves_the_process_able_to_form_the_next() -> None:
+    """A member whose generation failed to form (a peer died meanwhile) must still form the
+    next one with a joiner that never saw the failed one."""
+    import datetime
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    from .helpers import REPO
+
+    script = str(Path(__file__).with_name("group_init_script.py"))
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    args = ["127.0.0.1", str(store.port)]
+    survivor = subprocess.Popen([sys.executable, script, "fail_first", *args, "0"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store.wait(["failed-once"], datetime.timedelta(seconds=60))
+    joiner = subprocess.Popen([sys.executable, script, "fresh", *args, "1"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    outs = [p.communicate(timeout=90) for p in (survivor, joiner)]
+    for p, (out, err) in zip((survivor, joiner), outs, strict=True):
+        assert p.returncode == 0, err
+        assert out.strip() == "3"
