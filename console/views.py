@@ -69,15 +69,22 @@ def resource_groups(request: HttpRequest) -> HttpResponse:
     return render(request, "console/resource_groups.html", {"rows": rows})
 
 
-@admin_required
-def resource_group_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
-    group = get_object_or_404(ResourceGroup, pk=pk) if pk else None
-    form = forms.ResourceGroupForm(request.POST or None, instance=group)
+def _edit_group(request: HttpRequest, pk: int | None, model: type, form_class: type,
+                label: str, list_url: str, template: str) -> HttpResponse:
+    """Create (no ``pk``) or edit a resource or instance group with its admin form."""
+    group = get_object_or_404(model, pk=pk) if pk else None
+    form = form_class(request.POST or None, instance=group)
     if request.method == "POST" and form.is_valid():
         group = form.save()
-        messages.success(request, f"Resource group {group.name} saved.")
-        return redirect("resource-groups")
-    return render(request, "console/resource_group_form.html", {"form": form, "group": group})
+        messages.success(request, f"{label} {group.name} saved.")
+        return redirect(list_url)
+    return render(request, template, {"form": form, "group": group})
+
+
+@admin_required
+def resource_group_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
+    return _edit_group(request, pk, ResourceGroup, forms.ResourceGroupForm, "Resource group",
+                       "resource-groups", "console/resource_group_form.html")
 
 
 @login_required
@@ -91,13 +98,8 @@ def instance_groups(request: HttpRequest) -> HttpResponse:
 
 @admin_required
 def instance_group_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
-    group = get_object_or_404(InstanceGroup, pk=pk) if pk else None
-    form = forms.InstanceGroupForm(request.POST or None, instance=group)
-    if request.method == "POST" and form.is_valid():
-        group = form.save()
-        messages.success(request, f"Instance group {group.name} saved.")
-        return redirect("instance-groups")
-    return render(request, "console/instance_group_form.html", {"form": form, "group": group})
+    return _edit_group(request, pk, InstanceGroup, forms.InstanceGroupForm, "Instance group",
+                       "instance-groups", "console/instance_group_form.html")
 
 
 @login_required

@@ -107,6 +107,21 @@ def test_an_admin_creates_an_instance_group(browser, admin, cluster):
     assert (group.policy, group.preemption) == ("priority", False)
 
 
+def test_an_admin_edits_an_instance_group_in_place(browser, admin, cluster):
+    group = cluster["instance_group"]
+    url = reverse("instance-group-edit", args=[group.pk])
+    assert browser(admin).get(url).status_code == 200
+    response = browser(admin).post(
+        url, {"name": group.name, "resource_group": cluster["resource_group"].pk,
+              "policy": "fifo", "reclaim_grace_s": 5},
+    )
+    assert response.status_code == 302 and response.url == reverse("instance-groups")
+    group.refresh_from_db()
+    assert (group.policy, group.reclaim_grace_s) == ("fifo", 5)
+    assert InstanceGroup.objects.filter(name=group.name).count() == 1
+    assert browser(admin).get(reverse("instance-group-edit", args=[10**6])).status_code == 404
+
+
 @pytest.mark.parametrize("name", ["resource-group-new", "instance-group-new"])
 def test_a_user_cannot_manage_the_cluster(browser, owner, cluster, name):
     client = browser(owner)
