@@ -13,12 +13,13 @@ thin shims over it. Torch and numpy come from the job's Python environment.
 
 from __future__ import annotations
 
-import contextlib
+import io
 import os
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
+
+from .checkpoint import atomic_write
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -46,23 +47,16 @@ def build_fabric_home(dest_dir: str | os.PathLike) -> str:
     libs = Path(dest_dir) / "libs"
     libs.mkdir(parents=True, exist_ok=True)
     target = libs / "fabric.zip"
-    # A name of its own: threads of one agent, or agents with the same pid in different
-    # containers sharing the volume, may build at the same moment.
-    fd, tmp = tempfile.mkstemp(dir=libs, prefix=".fabric.zip.")
-    try:
-        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(
-            fh, "w", compression=zipfile.ZIP_DEFLATED
-        ) as zf:
-            for path in sorted(PACKAGE.glob("*.py")):
-                zf.write(path, f"runtime/{path.name}")
-            for name, text in SHIMS.items():
-                zf.writestr(name, text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from the jobs' accounts
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(PACKAGE.glob("*.py")):
+            zf.write(path, f"runtime/{path.name}")
+        for name, text in SHIMS.items():
+            zf.writestr(name, text)
+    # A temp file of its own, then a rename: launch threads of one agent, or agents sharing
+    # the volume, may build at the same moment.
+    atomic_write(str(target), buf.getvalue())
+    os.chmod(target, 0o644)  # readable by every job's account, whatever the umask
     return str(target)
 
 

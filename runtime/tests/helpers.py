@@ -71,6 +71,14 @@ def run_standalone(
                           timeout=timeout, cwd=REPO)
 
 
+def standalone_reference(tmp_path_factory, samples: int) -> Path:
+    """The test script trained standalone: the ground truth every elastic run must match."""
+    out = tmp_path_factory.mktemp("standalone")
+    proc = run_standalone(out, TEST_SAMPLES=str(samples))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
 def run_job(result_dir: Path, workers: int, timeout: float = 150, **extra: str) -> LocalJob:
     job = LocalJob(SCRIPT, env=base_env(result_dir, EDT_MIN_WORKERS=str(workers), **extra))
     try:

@@ -27,6 +27,7 @@ from .helpers import (
     events,
     run_job,
     run_standalone,
+    standalone_reference,
     steps,
     wait_for_joiners,
     wait_for_step,
@@ -39,10 +40,7 @@ SAMPLES = 192  # 12 steps of 16 (batch 4 x engines 4) per epoch
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     """The same training standalone: the ground truth every elastic run must match."""
-    out = tmp_path_factory.mktemp("standalone")
-    proc = run_standalone(out, TEST_SAMPLES=str(SAMPLES))
-    assert proc.returncode == 0, proc.stderr
-    return out
+    return standalone_reference(tmp_path_factory, SAMPLES)
 
 
 @pytest.fixture(scope="module")

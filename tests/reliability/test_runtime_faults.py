@@ -32,7 +32,7 @@ from runtime.tests.helpers import (
     base_env,
     driver_log,
     events,
-    run_standalone,
+    standalone_reference,
     steps,
     wait_for_joiners,
     wait_for_step,
@@ -135,10 +135,7 @@ def private_redis(tmp_path: Path):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     """The same training standalone: what every faulted elastic run must reproduce."""
-    out = tmp_path_factory.mktemp("standalone")
-    proc = run_standalone(out, TEST_SAMPLES=str(SAMPLES))
-    assert proc.returncode == 0, proc.stderr
-    return out
+    return standalone_reference(tmp_path_factory, SAMPLES)
 
 
 def _stream(server: PrivateRedis, stream: str = "edt:events") -> list[str]:
