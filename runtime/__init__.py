@@ -3,10 +3,23 @@
 ``from runtime import FabricModel`` (or WMLA's ``from fabric_model import FabricModel``).
 The same script trains standalone (``python main.py``) or, with ``EDT_ROLE=driver`` /
 ``EDT_ROLE=worker`` and the variables in :mod:`runtime.config`, elastically under the
-cluster. Modules: ``driver`` (coordinator process), ``worker`` (training loop),
-``rendezvous`` (membership in generations), ``sampler`` (size-independent sample order),
-``state`` / ``checkpoint`` (training state, atomic result files), ``callbacks``,
-``events`` (``emit``), ``control`` (leave/stop/status clients), ``launcher`` (local jobs).
+cluster. Modules:
+
+- the job's driver: ``driver`` (the coordinator process and its endpoint), ``rendezvous``
+  (membership in generations, no sockets), ``store`` (the key-value store process groups
+  rendezvous on), ``reports`` (rank 0's reports to logger calls and events);
+- a worker: ``worker`` (the training loop), ``membership`` (standalone, a group of one, or a
+  worker under the driver: join, re-sync, leave), ``link`` (the worker's persistent link
+  to its driver), ``process_group`` (a generation's ``torch.distributed`` group),
+  ``gradients`` (flat buffers, one all-reduce per step), ``data`` (datasets to batches),
+  ``validation``, ``metrics``, ``errors`` (what ends training, and the exit codes);
+- both: ``config`` (the environment contract), ``wire`` (the authenticated protocol),
+  ``sampler`` (size-independent sample order), ``state`` / ``checkpoint`` / ``results``
+  (training state, atomic and fenced result files), ``callbacks``, ``context``, ``events``
+  (``emit``);
+- outside a job: ``control`` (leave/stop/status clients), ``launcher`` (local jobs for the
+  tests and the benchmark), ``wmla`` / ``fabric_home`` (WMLA compatibility).
+
 This package never imports Django.
 """
 

@@ -1,10 +1,19 @@
-"""Logger callbacks (seed 004) and Keras-style user callbacks (WMLA samples).
+"""Logger callbacks (as WMLA documents them for ``FabricModel``) and Keras-style user
+callbacks (WMLA samples).
 
-A logger callback has any of ``log_train_metrics(metrics, iteration, epoch, workers)``,
-``log_test_metrics(metrics, iteration, epoch)``, ``on_train_begin()``, ``on_train_end()``.
-A custom one replaces the default. The driver's default writes WMLA's ELog lines to
-stdout (``[YYYY-mm-dd HH:MM:SS] Train,\\tTimestamp: <ms>,\\tGlobal steps: N,...``) and
-EMetrics JSON lines to ``$RESULT_DIR/evaluation-metrics.txt``.
+A logger callback has any of ``log_train_metrics``, ``log_test_metrics``, ``on_train_begin()``,
+``on_train_end()``. A custom one replaces the default. WMLA's releases declare the metric methods
+two ways, and :func:`log_metrics` calls each the way it is declared:
+
+- WMLA 4.x (and this runtime's base class): ``log_train_metrics(metrics, iteration, epoch,
+  workers)`` and ``log_test_metrics(metrics, iteration, epoch)``, ``metrics`` a dict;
+- WMLA 1.2.3 to 2.3 samples: ``log_train_metrics(loss, acc, completed_batch, worker=0)`` and
+  ``log_test_metrics(loss, acc, completed_batch, worker=0)``: two numbers, the accuracy in
+  percent (the samples divide it by 100), NaN when the model reports no accuracy.
+
+The driver's default writes WMLA's ELog lines to stdout
+(``[YYYY-mm-dd HH:MM:SS] Train,\\tTimestamp: <ms>,\\tGlobal steps: N,...``) and EMetrics JSON
+lines to ``$RESULT_DIR/evaluation-metrics.txt``.
 
 User callbacks (``user_callback=[...]``) run in every worker (and standalone): they
 see ``self.model`` and ``self.params`` (``optimizer``, ``epochs``, ``batch_size``,
@@ -12,15 +21,23 @@ see ``self.model`` and ``self.params`` (``optimizer``, ``epochs``, ``batch_size`
 ``on_batch_begin(batch)``, ``on_batch_end(batch, logs)``, ``on_epoch_end(epoch, logs)``,
 ``on_train_end``. Each worker runs them so that, e.g., a learning-rate schedule moves
 every replica's optimizer the same way.
+
+Every call goes through :func:`call`, one rule for all: the arguments are passed in order
+while the method wants them; a parameter without a default always does, one with a default
+only when it has the argument's name (``logs``, ``worker``...). So ``on_epoch_end(self, epoch,
+save_model=False)`` (a WMLA 2.3 sample) gets the epoch and keeps its own default.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 import time
 from typing import Any
+
+from .wmla import ELog, EMetrics
 
 log = logging.getLogger("edt.callbacks")
 
@@ -36,8 +53,6 @@ class ELogLogger:
     def _emetrics(self, group: str, iteration: int, values: dict[str, Any]) -> None:
         if not self.result_dir:
             return
-        from .wmla import EMetrics
-
         os.makedirs(self.result_dir, exist_ok=True)
         path = os.path.join(self.result_dir, "evaluation-metrics.txt")
         with open(path, "a", encoding="utf-8") as f:
@@ -53,15 +68,11 @@ class ELogLogger:
         return self._rindex
 
     def log_train_metrics(self, metrics: dict, iteration: int, epoch: int, workers: int) -> None:
-        from .wmla import ELog
-
         self.global_steps += 1
         ELog().recordTrain("Train", iteration, self.global_steps, metrics)
         self._emetrics("Train", iteration, metrics)
 
     def log_test_metrics(self, metrics: dict, iteration: int, epoch: int) -> None:
-        from .wmla import ELog
-
         ELog().recordTest("Test", metrics)
         self._emetrics("Test", epoch, metrics)
 
@@ -72,21 +83,81 @@ class ELogLogger:
         print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Training finished", flush=True)
 
 
-def call(obj: Any, method: str, *args: Any) -> None:
-    """Call ``obj.method(*args)`` if it exists, passing only as many args as it takes."""
+# The names each argument goes by (WMLA's and its samples'), per method. A parameter with a
+# default gets the argument only under one of these names.
+_NAMES: dict[str, tuple[frozenset[str], ...]] = {
+    "on_epoch_begin": (frozenset({"epoch"}), frozenset({"logs"})),
+    "on_epoch_end": (frozenset({"epoch"}), frozenset({"logs"})),
+    "on_batch_begin": (frozenset({"batch"}), frozenset({"logs"})),
+    "on_batch_end": (frozenset({"batch"}), frozenset({"logs"})),
+}
+_METRICS_NAMES = (frozenset({"metrics", "logs"}),
+                  frozenset({"iteration", "completed_batch", "step", "global_step"}),
+                  frozenset({"epoch"}), frozenset({"workers", "worker"}))
+_LOSS_ACC_NAMES = (frozenset({"loss"}), frozenset({"acc", "accuracy"}),
+                   frozenset({"completed_batch", "iteration"}), frozenset({"worker", "workers"}))
+
+
+def _wanted(fn: Any, n_args: int, names: tuple[frozenset[str], ...]) -> int | None:
+    """How many of ``n_args`` positional arguments ``fn`` wants (None: all of them)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    n = 0
+    for i, p in enumerate(params[:n_args]):
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        if p.default is not p.empty and i < len(names) and p.name not in names[i]:
+            break
+        n += 1
+    return n
+
+
+def call(obj: Any, method: str, *args: Any,
+         names: tuple[frozenset[str], ...] | None = None) -> Any:
+    """Call ``obj.method(*args)`` if it exists, with the arguments it wants (the rule above)."""
     fn = getattr(obj, method, None)
     if fn is None or not callable(fn):
-        return
+        return None
+    n = _wanted(fn, len(args), names if names is not None else _NAMES.get(method, ()))
+    return fn(*(args if n is None else args[:n]))
+
+
+def _first_param(fn: Any) -> str | None:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        fn(*args)
+        return None
+    return next((p.name for p in params
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)), None)
+
+
+def accuracy_percent(metrics: dict[str, Any]) -> float:
+    """The accuracy WMLA 1.2.3-2.3 callbacks are given: percent; NaN when there is none."""
+    for key in ("accuracy", "acc"):
+        if key in metrics:
+            return float(metrics[key]) * 100.0
+    other = [v for k, v in metrics.items() if k != "loss"]
+    return float(other[0]) * 100.0 if len(other) == 1 else math.nan
+
+
+def log_metrics(logger: Any, method: str, metrics: dict[str, Any], iteration: int,
+                epoch: int, workers: int) -> None:
+    """``log_train_metrics`` / ``log_test_metrics`` of a logger callback, called the way it
+    declares them: ``(loss, acc, completed_batch, worker)`` when its first parameter is
+    ``loss`` (WMLA 1.2.3-2.3), else ``(metrics, iteration, epoch, workers)``."""
+    fn = getattr(logger, method, None)
+    if fn is None or not callable(fn):
         return
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        fn(*args)
-        return
-    n = sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-    fn(*args[:n])
+    if _first_param(fn) == "loss":
+        loss = float(metrics.get("loss", math.nan))
+        call(logger, method, loss, accuracy_percent(metrics), iteration, workers,
+             names=_LOSS_ACC_NAMES)
+    else:
+        call(logger, method, dict(metrics), iteration, epoch, workers, names=_METRICS_NAMES)
 
 
 class UserCallbacks:

@@ -50,6 +50,7 @@ import json
 import os
 import re
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -197,11 +198,17 @@ def _parse_fence(raw: bytes) -> int | None:
 
 def _open_fence(checkpoint_dir: str, flags: int) -> int:
     # The job may own its folders: never follow a link it put there (the agent runs as root).
+    # Nor be held up by a FIFO planted in its place: open without blocking, and accept only a
+    # plain file.
     dir_fd = os.open(checkpoint_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        return os.open(FENCE_FILE, flags | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+        fd = os.open(FENCE_FILE, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{checkpoint_dir}/{FENCE_FILE} is not a plain file")
+    return fd
 
 
 def read_fence(checkpoint_dir: str | None) -> int | None:
@@ -404,11 +411,6 @@ class ResultWriter:
         # are refused once the agent has started a newer one (see ``fenced``).
         self.attempt = attempt if attempt is not None else attempt_from_environ()
         self._lock = threading.Lock()  # one checkpoint rotation at a time
-
-    def is_current(self) -> bool:
-        """Is this writer's attempt still the job's newest (always, without an attempt)?"""
-        with fenced(self.checkpoint_dir, self.attempt) as ok:
-            return ok
 
     def _refuse(self, what: str, epoch: object = None) -> None:
         fence = read_fence(self.checkpoint_dir)

@@ -13,7 +13,13 @@ Variables (all optional except where a role needs them):
 ``EDT_JOB_ID``                 job id put in every event (default ``local``)
 ``EDT_DRIVER_ADDR``            ``host:port`` of the driver's control endpoint (workers, control)
 ``EDT_DRIVER_PORT``            port the driver binds (0 = a free one; default 0)
-``EDT_DRIVER_HOST``            interface the driver binds (default ``0.0.0.0``)
+``EDT_DRIVER_HOST``            address the driver binds (default ``127.0.0.1``; the host agent
+                               sets the host's own address, ``0.0.0.0`` only when configured)
+``EDT_JOB_SECRET``             the job's secret for this attempt (driver, workers, control):
+                               every connection to the driver proves it holds it before any
+                               request (:mod:`runtime.wire`). Required for a driver or a
+                               worker; the host agent derives it per job and attempt, and
+                               :class:`runtime.launcher.LocalJob` makes a random one
 ``EDT_DRIVER_ADVERTISE_HOST``  host name workers use to reach the driver (default: hostname,
                                ``127.0.0.1`` when bound to loopback)
 ``EDT_DRIVER_ADDR_FILE``       the driver writes its actual ``host:port`` here once listening
@@ -31,7 +37,10 @@ Variables (all optional except where a role needs them):
 ``EDT_BACKEND``                ``gloo`` or ``nccl`` (default: nccl when CUDA is available)
 ``EDT_METRICS_INTERVAL_S``     least seconds between two ``metrics.train`` events (default 1)
 ``EDT_STEP_LOG``               rank 0 appends one JSON line per committed step here (tests)
-``EDT_EVENTS_REDIS_URL``       publish events to this Redis (stream ``edt:events``)
+``EDT_EVENTS_FD``              the pipe to the host agent that started this process: events
+                               go there, and the agent publishes them (set by the agent)
+``EDT_EVENTS_REDIS_URL``       publish events to this Redis (stream ``edt:events``): standalone
+                               runs, benchmarks and tests; an agent never sets it
 ``EDT_EVENTS_STREAM``          stream name (default ``edt:events``)
 ``EDT_CAPTURE_LOGS``           emit stdout/stderr lines as ``log`` events (default 1 in cluster)
 ``RESULT_DIR``                 WMLA result folder (checkpoint/, model/, log/, metrics)
@@ -42,12 +51,18 @@ Variables (all optional except where a role needs them):
 ``EDT_ATTEMPT``                the job attempt this process belongs to (set by the host
                                agent); its result writes are fenced by it (``checkpoint``)
 =============================  ==============================================================
+
+Exit codes of a driver process: 0 the job finished (its final model is saved), 1 it
+failed, :data:`DRIVER_EXIT_STOPPED` it was stopped on request (``stop``). Only the host
+agent knows whether a stop came from the console; it alone decides what a stop means.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+DRIVER_EXIT_STOPPED = 5
 
 
 def _float(name: str, default: float) -> float:
@@ -92,34 +107,22 @@ class JobEnv:
     checkpoint_dir: str | None
     saved_model_dir: str | None
     attempt: int | None = None
+    secret: str = field(default="", repr=False)
 
     @classmethod
     def from_environ(cls) -> JobEnv:
         env = os.environ
-        role = (env.get("EDT_ROLE") or "standalone").strip().lower()
-        if role not in ("standalone", "driver", "worker"):
-            raise ValueError(f"EDT_ROLE must be 'driver' or 'worker', got {role!r}")
-        result_dir = env.get("RESULT_DIR") or None
-        log_dir = env.get("LOG_DIR") or (os.path.join(result_dir, "log") if result_dir else None)
-        ckpt = env.get("CHECKPOINT_DIR") or (
-            os.path.join(result_dir, "checkpoint") if result_dir else None
-        )
-        saved = env.get("SAVED_MODEL_DIR") or (
-            os.path.join(result_dir, "model") if result_dir else None
-        )
-        max_workers = _int("EDT_MAX_WORKERS", 0) or None
-        worker_id = env.get("EDT_WORKER_ID") or None
-        if role == "worker" and not worker_id:
-            worker_id = f"{os.uname().nodename}-{os.getpid()}"
+        role = _role()
+        result_dir, log_dir, checkpoint_dir, saved_model_dir = _result_folders()
         return cls(
             role=role,
-            job_id=env.get("EDT_JOB_ID") or env.get("DLI_EXECID") or "local",
-            driver_addr=env.get("EDT_DRIVER_ADDR") or None,
-            driver_host=env.get("EDT_DRIVER_HOST") or "0.0.0.0",
+            job_id=_text("EDT_JOB_ID") or _text("DLI_EXECID") or "local",
+            driver_addr=_text("EDT_DRIVER_ADDR"),
+            driver_host=_text("EDT_DRIVER_HOST") or "127.0.0.1",
             driver_port=_int("EDT_DRIVER_PORT", 0),
-            driver_addr_file=env.get("EDT_DRIVER_ADDR_FILE") or None,
-            worker_id=worker_id,
-            max_workers=max_workers,
+            driver_addr_file=_text("EDT_DRIVER_ADDR_FILE"),
+            worker_id=_worker_id(role),
+            max_workers=_int("EDT_MAX_WORKERS", 0) or None,
             min_workers=max(1, _int("EDT_MIN_WORKERS", 1)),
             rdzv_grace_s=_float("EDT_RDZV_GRACE_S", 0.5),
             peer_timeout_s=_float("EDT_PEER_TIMEOUT_S", 20.0),
@@ -127,12 +130,45 @@ class JobEnv:
             pull_timeout_s=_float("EDT_PULL_WEIGHT_TIME_OUT", 120.0),
             pull_failed_limits=max(1, _int("EDT_PULL_FAILED_LIMITS", 3)),
             seed=_int("EDT_SEED", 0),
-            backend=env.get("EDT_BACKEND") or None,
+            backend=_text("EDT_BACKEND"),
             metrics_interval_s=_float("EDT_METRICS_INTERVAL_S", 1.0),
-            step_log=env.get("EDT_STEP_LOG") or None,
+            step_log=_text("EDT_STEP_LOG"),
             result_dir=result_dir,
             log_dir=log_dir,
-            checkpoint_dir=ckpt,
-            saved_model_dir=saved,
+            checkpoint_dir=checkpoint_dir,
+            saved_model_dir=saved_model_dir,
             attempt=attempt_from_environ(),
+            secret=env.get("EDT_JOB_SECRET", ""),
         )
+
+
+def _text(name: str) -> str | None:
+    """A variable's value; None when it is unset or empty."""
+    return os.environ.get(name) or None
+
+
+def _role() -> str:
+    role = (_text("EDT_ROLE") or "standalone").strip().lower()
+    if role not in ("standalone", "driver", "worker"):
+        raise ValueError(f"EDT_ROLE must be 'driver' or 'worker', got {role!r}")
+    return role
+
+
+def _worker_id(role: str) -> str | None:
+    """``EDT_WORKER_ID``; a worker started without one is named after its host and pid."""
+    worker_id = _text("EDT_WORKER_ID")
+    if role == "worker" and not worker_id:
+        worker_id = f"{os.uname().nodename}-{os.getpid()}"
+    return worker_id
+
+
+def _result_folders() -> tuple[str | None, str | None, str | None, str | None]:
+    """``RESULT_DIR`` and the log, checkpoint and saved-model folders, each defaulting to
+    its place under ``RESULT_DIR`` (WMLA's layout)."""
+    result_dir = _text("RESULT_DIR")
+
+    def under(name: str, sub: str) -> str | None:
+        return _text(name) or (os.path.join(result_dir, sub) if result_dir else None)
+
+    return (result_dir, under("LOG_DIR", "log"), under("CHECKPOINT_DIR", "checkpoint"),
+            under("SAVED_MODEL_DIR", "model"))

@@ -2,20 +2,22 @@
 
 It runs the user's script with ``EDT_ROLE=driver``; ``FabricModel.train()`` then serves
 the control endpoint (JSON over TCP, see :mod:`runtime.wire`) instead of training, and
-returns when the job ends (raises when it FAILED). It also hosts the TCPStore that the
-workers' process groups rendezvous on.
+returns when the job finished (exits 1 when it FAILED, ``DRIVER_EXIT_STOPPED`` when it
+was stopped). It also keeps the keys the workers' process groups rendezvous on
+(:mod:`runtime.store`), served on the same endpoint: the driver listens on one port only.
 
-Operations on the endpoint (``{"op": ...}``):
+The endpoint binds ``EDT_DRIVER_HOST`` and serves only connections that prove they hold
+the job's secret (``EDT_JOB_SECRET``) first; any other is closed with nothing served.
+Operations (``{"op": ...}``):
 
 - workers: ``link`` (persistent: heartbeats, reports; replies carry ``pending``),
   ``join``, ``sync``, ``fetch_state``, ``upload_state`` (kind checkpoint | handoff |
-  final | stop, payload = state blob), ``upload_onnx``, ``done``, ``error``;
-- anyone (:mod:`runtime.control`): ``status``, ``leave``, ``stop``.
+  final | stop, payload = state blob), ``upload_onnx``, ``done``, ``error``, ``store``;
+- the host agent (:mod:`runtime.control`): ``status``, ``leave``, ``stop``.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -26,14 +28,14 @@ import time
 import traceback
 from typing import Any
 
-import torch.distributed as dist
-
 from . import checkpoint, events, wire
 from . import state as state_mod
 from .callbacks import ELogLogger, call
-from .config import JobEnv
+from .config import DRIVER_EXIT_STOPPED, JobEnv
 from .rendezvous import Rendezvous
 from .reports import Reports
+from .results import Results
+from .store import KeyValue
 
 log = logging.getLogger("edt.driver")
 
@@ -42,9 +44,9 @@ def _advertise_host(env: JobEnv) -> str:
     host = os.environ.get("EDT_DRIVER_ADVERTISE_HOST")
     if host:
         return host
-    if env.driver_host in ("127.0.0.1", "localhost"):
+    if env.driver_host in ("127.0.0.1", "localhost", ""):
         return "127.0.0.1"
-    if env.driver_host not in ("0.0.0.0", ""):
+    if env.driver_host not in ("0.0.0.0", "::"):
         return env.driver_host
     return socket.gethostname()
 
@@ -54,12 +56,21 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _peer(address: Any) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 class Driver:
     def __init__(self, env: JobEnv, logger: Any, cfg: dict[str, Any]) -> None:
         self.env = env
         self.logger = logger if logger is not None else ELogLogger(env.result_dir)
         self.cfg = cfg
-        self.writer = checkpoint.ResultWriter(env.result_dir, env.checkpoint_dir)
+        self.results = Results(env.result_dir, env.checkpoint_dir)
         self.done = threading.Event()
         self.outcome = "RUNNING"
         self.error: str | None = None
@@ -71,21 +82,21 @@ class Driver:
         self.reports = Reports(self.logger, env.metrics_interval_s)
         self._lock = threading.Lock()
         self.addr = ""
+        self._ops = {
+            "join": self._op_join, "store": self._op_store, "sync": self._op_sync,
+            "fetch_state": self._op_fetch_state, "upload_state": self._op_upload_state,
+            "upload_onnx": self._op_upload_onnx, "done": self._op_done,
+            "error": self._op_error, "status": self._op_status, "leave": self._op_leave,
+            "stop": self._op_stop,
+        }
 
     # -- lifecycle --------------------------------------------------------------------
     def run(self) -> str:
         env = self.env
-        bind = env.driver_host or "0.0.0.0"
+        bind = env.driver_host or "127.0.0.1"
         host = _advertise_host(env)
-        self.store = dist.TCPStore(
-            bind if bind != "0.0.0.0" else "0.0.0.0",
-            0,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=max(60.0, env.peer_timeout_s * 3)),
-        )
+        self.kv = KeyValue()
         self.rdzv = Rendezvous(
-            store_addr=f"{host}:{self.store.port}",
             min_workers=env.min_workers,
             max_workers=env.max_workers,
             grace_s=env.rdzv_grace_s,
@@ -98,7 +109,8 @@ class Driver:
             pos = state_mod.loads(blob)["position"]
             self.epoch = pos["epoch"]
             print(f"Resuming from checkpoint at epoch {pos['epoch']}", flush=True)
-        server = _Server((bind, env.driver_port), self._handler_class())
+        server_class = _Server6 if ":" in bind else _Server
+        server = server_class((bind, env.driver_port), self._handler_class())
         port = server.server_address[1]
         self.addr = f"{host}:{port}"
         threading.Thread(target=server.serve_forever, name="edt-driver-server", daemon=True).start()
@@ -128,7 +140,7 @@ class Driver:
     def _check_end(self) -> None:
         rdzv = self.rdzv
         with rdzv.cv:
-            live = [m for m in rdzv.members if m not in rdzv.lost and m not in rdzv.finished]
+            live = rdzv.live_members()
             if self.outcome == "FINISHED" and self.final_saved and not live:
                 self.done.set()
             elif self.outcome == "FAILED" and not live:
@@ -147,24 +159,36 @@ class Driver:
                 sock: socket.socket = self.request
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 try:
-                    header, payload = wire.recv_msg(sock)
-                except (OSError, ValueError):
+                    wire.accept(sock, driver.env.secret)
+                except wire.AuthenticationError as exc:
+                    # Nothing is served: whoever it was learnt a random nonce, no more.
+                    log.warning("driver: refused a connection from %s: %s",
+                                _peer(self.client_address), exc)
                     return
-                op = header.get("op")
-                if op == "link":
-                    driver._link(sock, header)
-                    return
-                try:
-                    reply, data = driver._dispatch(op, header, payload)
-                except Exception as exc:  # noqa: BLE001 - reported to the caller
-                    log.exception("driver: op %s failed", op)
-                    reply, data = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
-                try:
-                    wire.send_msg(sock, reply, data)
-                except OSError:
-                    pass
+                driver._serve(sock)
 
         return Handler
+
+    def _serve(self, sock: socket.socket) -> None:
+        """Requests of one authenticated connection, in order, until the peer closes it."""
+        while True:
+            try:
+                header, payload = wire.recv_msg(sock)
+            except (OSError, ValueError):
+                return
+            op = header.get("op")
+            if op == "link":
+                self._link(sock, header)
+                return
+            try:
+                reply, data = self._dispatch(op, header, payload)
+            except Exception as exc:  # noqa: BLE001 - reported to the caller
+                log.exception("driver: op %s failed", op)
+                reply, data = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
+            try:
+                wire.send_msg(sock, reply, data)
+            except OSError:
+                return
 
     def _link(self, sock: socket.socket, header: dict[str, Any]) -> None:
         """A worker's persistent link: this thread reads its beats and reports, a second
@@ -207,47 +231,65 @@ class Driver:
                 pass
 
     def _dispatch(self, op: str, h: dict[str, Any], payload: bytes | None):
-        rdzv = self.rdzv
-        timeout = float(h.get("timeout") or 3600)
-        if op == "join":
-            if self.outcome != "RUNNING" or rdzv.stop_requested:
-                return {"action": "stop", "upload": False}, None
-            reply = rdzv.join(h["worker_id"], timeout)
-            return (reply or {"action": "wait_timeout"}), None
-        if op == "sync":
-            return rdzv.sync(h["worker_id"], int(h["generation"]), int(h["global_step"]),
-                             bool(h.get("failed")), timeout), None
-        if op == "fetch_state":
-            blob = rdzv.get_state(int(h.get("min_version", 1)), timeout)
-            if blob is None:
-                return {"ok": False, "error": "no state available in time"}, None
-            return {"ok": True}, blob
-        if op == "upload_state":
-            return self._upload(h, payload or b""), None
-        if op == "upload_onnx":
-            if payload:
-                for p in self.writer.save_onnx(payload):
-                    events.emit("model.saved", path=p, format="onnx")
-            return {"ok": True}, None
-        if op == "done":
-            rdzv.mark_finished(h["worker_id"])
-            return {"ok": True}, None
-        if op == "error":
-            self._fail(h.get("message", "worker failed"), h.get("traceback", ""),
-                       h.get("worker_id"))
-            return {"ok": True}, None
-        if op == "status":
-            return self.status(), None
-        if op == "leave":
-            known = rdzv.request_leave(h["worker_id"])
-            if not known:
-                return {"ok": False, "error": f"unknown worker {h['worker_id']!r}"}, None
-            reason = rdzv.wait_left(h["worker_id"], timeout) if h.get("wait", True) else None
-            return {"ok": True, "left": reason is not None, "reason": reason}, None
-        if op == "stop":
-            rdzv.request_stop(bool(h.get("checkpoint", False)))
-            return {"ok": True}, None
-        return {"ok": False, "error": f"unknown op {op!r}"}, None
+        handler = self._ops.get(op)  # each: (header, payload) -> (reply, payload)
+        if handler is None:
+            return {"ok": False, "error": f"unknown op {op!r}"}, None
+        return handler(h, payload)
+
+    # A request's own ``timeout`` bounds how long the driver may hold it (default an hour).
+    @staticmethod
+    def _timeout(h: dict[str, Any]) -> float:
+        return float(h.get("timeout") or 3600)
+
+    def _op_store(self, h: dict[str, Any], payload: bytes | None) -> tuple[dict, bytes | None]:
+        return self.kv.handle(h, payload)
+
+    def _op_join(self, h: dict[str, Any], _: bytes | None) -> tuple[dict, None]:
+        if self.outcome != "RUNNING" or self.rdzv.stop_requested:
+            return {"action": "stop", "upload": False}, None
+        reply = self.rdzv.join(h["worker_id"], self._timeout(h))
+        return (reply or {"action": "wait_timeout"}), None
+
+    def _op_sync(self, h: dict[str, Any], _: bytes | None) -> tuple[dict, None]:
+        return self.rdzv.sync(h["worker_id"], int(h["generation"]), int(h["global_step"]),
+                              bool(h.get("failed")), self._timeout(h)), None
+
+    def _op_fetch_state(self, h: dict[str, Any], _: bytes | None) -> tuple[dict, bytes | None]:
+        blob = self.rdzv.get_state(int(h.get("min_version", 1)), self._timeout(h))
+        if blob is None:
+            return {"ok": False, "error": "no state available in time"}, None
+        return {"ok": True}, blob
+
+    def _op_upload_state(self, h: dict[str, Any], payload: bytes | None) -> tuple[dict, None]:
+        return self._upload(h, payload or b""), None
+
+    def _op_upload_onnx(self, _: dict[str, Any], payload: bytes | None) -> tuple[dict, None]:
+        if payload:
+            self.results.save_onnx(payload)
+        return {"ok": True}, None
+
+    def _op_done(self, h: dict[str, Any], _: bytes | None) -> tuple[dict, None]:
+        self.rdzv.mark_finished(h["worker_id"])
+        return {"ok": True}, None
+
+    def _op_error(self, h: dict[str, Any], _: bytes | None) -> tuple[dict, None]:
+        self._fail(h.get("message", "worker failed"), h.get("traceback", ""), h.get("worker_id"))
+        return {"ok": True}, None
+
+    def _op_status(self, _: dict[str, Any], __: bytes | None) -> tuple[dict, None]:
+        return self.status(), None
+
+    def _op_leave(self, h: dict[str, Any], _: bytes | None) -> tuple[dict, None]:
+        worker_id = h["worker_id"]
+        if not self.rdzv.request_leave(worker_id):
+            return {"ok": False, "error": f"unknown worker {worker_id!r}"}, None
+        wait = h.get("wait", True)
+        reason = self.rdzv.wait_left(worker_id, self._timeout(h)) if wait else None
+        return {"ok": True, "left": reason is not None, "reason": reason}, None
+
+    def _op_stop(self, h: dict[str, Any], _: bytes | None) -> tuple[dict, None]:
+        self.rdzv.request_stop(bool(h.get("checkpoint", False)))
+        return {"ok": True}, None
 
     def _upload(self, h: dict[str, Any], blob: bytes) -> dict[str, Any]:
         kind = h.get("kind")
@@ -259,14 +301,10 @@ class Driver:
         if kind == "stop":
             self.rdzv.awaiting_upload = None
         if kind in ("checkpoint", "stop"):
-            manifest = self.writer.save_checkpoint(blob)
-            if manifest:
-                events.emit("checkpoint.saved", path=manifest["path"], epoch=manifest["epoch"],
-                            sha256=manifest["sha256"])
+            self.results.save_checkpoint(blob)
         if kind == "final":
             self.rdzv.put_state(blob)
-            for p in self.writer.save_final(blob):
-                events.emit("model.saved", path=p, format="pth")
+            self.results.save_final(blob)
             with self._lock:
                 self.final_saved = True
                 if self.outcome == "RUNNING":
@@ -311,6 +349,9 @@ class Driver:
 
 
 def run_driver(env: JobEnv, logger: Any, cfg: dict[str, Any]) -> str:
+    if not env.secret:
+        raise RuntimeError("EDT_ROLE=driver needs EDT_JOB_SECRET: the driver serves only "
+                           "connections that prove they hold the job's secret")
     events.configure(source="driver", job_id=env.job_id, log_dir=env.log_dir)
     events.capture_output()
     driver = Driver(env, logger, cfg)
@@ -318,4 +359,9 @@ def run_driver(env: JobEnv, logger: Any, cfg: dict[str, Any]) -> str:
     if outcome == "FAILED":
         # The workers' tracebacks are already in this log; end like a failed script.
         raise SystemExit(1)
+    if outcome == "KILLED":
+        # Stopped, not finished: whoever starts drivers decides what the stop meant (the
+        # host agent ends the job KILLED only when the console asked for it).
+        print("Job stopped on request", flush=True)
+        raise SystemExit(DRIVER_EXIT_STOPPED)
     return outcome

@@ -5,17 +5,28 @@ Every event is a JSON object::
     {"type": ..., "job_id": ..., "source": "driver" | "worker:<id>" | "standalone",
      "ts": <unix seconds, float>, ...fields}
 
-Sinks: ``XADD <EDT_EVENTS_STREAM or edt:events> MAXLEN ~ 100000 * data <json>`` when
-``EDT_EVENTS_REDIS_URL`` is set; ``$LOG_DIR/events.jsonl`` when ``LOG_DIR`` (or
-``RESULT_DIR``) is set; standalone also prints a readable line to stderr.
+Sinks:
 
-Redis never stops training. A background thread publishes the events in order; while Redis
-answers, ``emit`` waits up to ``SYNC_WAIT_S`` for its event to be stored (so a reader sees
-it at once). While Redis is down, restarting or frozen, events wait in memory (the newest
-``BUFFER_MAX``) and ``emit`` returns at once; they are published when Redis is back, each
-once (after a send whose outcome is unknown, the stream is read back before resending).
-At exit a process waits up to ``EDT_EVENTS_FLUSH_S`` (default 5 s) for its queue to drain.
-The outage and the recovery are logged once each.
+- under a host agent, ``EDT_EVENTS_FD``: one JSON line per event on the pipe the agent gave
+  this process. The agent publishes them for the console with the job and source it knows
+  (``agent.relay``); a job's processes never hold the control plane's address or
+  credentials. A background thread writes the pipe: a slow agent never holds training up
+  (the newest ``BUFFER_MAX`` events wait in memory).
+- otherwise ``EDT_EVENTS_REDIS_URL`` (standalone runs, benchmarks, the runtime's own tests):
+  ``XADD <EDT_EVENTS_STREAM or edt:events> MAXLEN ~ 100000 * data <json>``;
+- ``$LOG_DIR/events.jsonl`` when ``LOG_DIR`` (or ``RESULT_DIR``) is set; standalone also
+  prints a readable line to stderr.
+
+An event longer than ``MAX_EVENT_BYTES`` has its long text fields shortened.
+
+Redis never stops training (:class:`RedisSink`, which the agent's relay uses too). A
+background thread publishes the events in order; while Redis answers, ``emit`` waits up to
+``SYNC_WAIT_S`` for its event to be stored (so a reader sees it at once). While Redis is
+down, restarting or frozen, events wait in memory (the newest ``BUFFER_MAX``) and ``emit``
+returns at once; they are published when Redis is back, each once (after a send whose
+outcome is unknown, the stream is read back before resending). At exit a process waits up to
+``EDT_EVENTS_FLUSH_S`` (default 5 s) for its queue to drain. The outage and the recovery are
+logged once each.
 
 Types and their fields (stable; the console depends on them):
 
@@ -37,6 +48,8 @@ Types and their fields (stable; the console depends on them):
   because it is missing, corrupt or not a plain training state; the one before is tried)
 - ``checkpoint.failed``: ``path``, ``epoch``, ``error`` (a checkpoint that could not be
   written, e.g. ENOSPC; the previous one stays and training goes on)
+- ``checkpoint.fenced``: ``path``, ``epoch``, ``attempt``, ``fence`` (a stale process of the
+  job did not write: attempt ``fence`` has started since)
 - ``model.saved``: ``path``, ``format`` (pth | onnx)
 - ``log``: ``stream`` (stdout | stderr), ``line``
 - ``error``: ``message``, ``traceback``, ``worker_id`` (when a worker raised)
@@ -47,36 +60,63 @@ from __future__ import annotations
 
 import atexit
 import collections
+import fcntl
 import io
 import itertools
 import json
 import logging
 import os
+import select
+import stat
 import sys
 import threading
 import time
+import urllib.parse
 from typing import Any
 
 log = logging.getLogger("edt.events")
 
 STREAM_MAXLEN = 100_000
-BUFFER_MAX = 10_000  # events kept in memory while Redis is unreachable
+BUFFER_MAX = 10_000  # events kept in memory while their sink cannot take them
 SYNC_WAIT_S = 0.25  # how long emit() waits for a healthy Redis to store its event
 BATCH = 256
+# The longest event (bytes of JSON, the newline not counted): the agent drops longer lines.
+MAX_EVENT_BYTES = 64 * 1024
+_TEXT_KEEP = 4096  # characters kept of a long text field of an event that is too long
+
+# The types documented above: the only ones a host agent relays from a job's processes.
+RUNTIME_TYPES = frozenset({
+    "job.state", "generation.changed", "worker.joining", "worker.joined", "worker.left",
+    "metrics.train", "metrics.test", "epoch.end", "checkpoint.saved", "checkpoint.skipped",
+    "checkpoint.failed", "checkpoint.fenced", "model.saved", "log", "error", "pull.failed",
+})
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {
     "job_id": None,
     "source": None,
-    "redis": None,
-    "redis_failed": False,
+    "sink": None,
+    "sink_failed": False,
+    "fd": None,  # the agent's pipe, once taken from EDT_EVENTS_FD (-1: unusable)
     "file": None,
     "echo": None,
 }
 
 
-class _RedisSink:
-    """Publishes events to one Redis stream from a background thread, in order."""
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+
+
+class RedisSink:
+    """Publishes events to one Redis stream from a background thread, in order. The runtime
+    uses it for ``EDT_EVENTS_REDIS_URL``, and the host agent for what its jobs' processes
+    emit (``agent.relay``)."""
 
     def __init__(self, url: str, stream: str) -> None:
         import redis  # optional dependency
@@ -90,6 +130,7 @@ class _RedisSink:
         self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2,
                                            retry=Retry(NoBackoff(), 0))
         self.url = url
+        self.where = redacted(url)  # for log lines: never the password
         self.stream = stream
         self.pid = os.getpid()
         self.cv = threading.Condition()
@@ -100,6 +141,11 @@ class _RedisSink:
         self.healthy = True
         self.closing = False
         self.close_by = 0.0
+        # The sending thread's own: its wait before retrying, when the send whose outcome is
+        # unknown began, and when Redis went down.
+        self._backoff = 0.05
+        self._uncertain: float | None = None
+        self._down_since: float | None = None
         self.thread = threading.Thread(target=self._run, name="edt-events-redis", daemon=True)
         self.thread.start()
 
@@ -136,55 +182,73 @@ class _RedisSink:
             self.thread.join(timeout)
 
     def _run(self) -> None:
-        backoff = 0.05
-        uncertain: float | None = None  # when a send whose outcome is unknown began
-        down_since: float | None = None
         while True:
-            with self.cv:
-                while not self.queue and not self.closing:
-                    self.cv.wait()
-                if not self.queue:
-                    return
-                batch = list(itertools.islice(self.queue, BATCH))
+            batch = self._next_batch()
+            if batch is None:
+                return
             started = time.time()
             try:
-                todo = batch if uncertain is None else self._unsent(batch, uncertain)
-                if todo:
-                    pipe = self.client.pipeline(transaction=False)
-                    for _, data in todo:
-                        pipe.xadd(self.stream, {"data": data}, maxlen=STREAM_MAXLEN,
-                                  approximate=True)
-                    pipe.execute()
+                self._publish(batch)
             except self._response_error as exc:
                 log.warning("events: Redis refused %d events: %s", len(batch), exc)
             except self._errors as exc:
-                uncertain = uncertain if uncertain is not None else started
-                with self.cv:
-                    self.healthy = False
-                    self.cv.notify_all()
-                    if self.closing and time.monotonic() >= self.close_by:
-                        return
-                if down_since is None:
-                    down_since = time.monotonic()
-                    log.warning("events: Redis at %s unreachable (%s); keeping events until "
-                                "it is back", self.url, exc)
-                with self.cv:
-                    self.cv.wait_for(lambda: self.closing, timeout=backoff)
-                backoff = min(1.0, backoff * 2)
+                if self._uncertain is None:
+                    self._uncertain = started
+                if not self._wait_for_redis(exc):
+                    return
                 continue
-            with self.cv:
-                last = batch[-1][0]
-                while self.queue and self.queue[0][0] <= last:
-                    self.queue.popleft()
-                self.done = max(self.done, last)
-                self.healthy = True
-                dropped, self.dropped = self.dropped, 0
-                self.cv.notify_all()
-            if down_since is not None or dropped:
-                log.warning("events: Redis is back after %.1fs; queued events published%s",
-                            time.monotonic() - (down_since or time.monotonic()),
-                            f" ({dropped} oldest dropped)" if dropped else "")
-            uncertain, down_since, backoff = None, None, 0.05
+            self._sent(batch)
+
+    def _next_batch(self) -> list[tuple[int, str]] | None:
+        """The oldest queued events (they stay queued until sent); None once closing with
+        nothing left to send."""
+        with self.cv:
+            while not self.queue and not self.closing:
+                self.cv.wait()
+            if not self.queue:
+                return None
+            return list(itertools.islice(self.queue, BATCH))
+
+    def _publish(self, batch: list[tuple[int, str]]) -> None:
+        todo = batch if self._uncertain is None else self._unsent(batch, self._uncertain)
+        if todo:
+            pipe = self.client.pipeline(transaction=False)
+            for _, data in todo:
+                pipe.xadd(self.stream, {"data": data}, maxlen=STREAM_MAXLEN, approximate=True)
+            pipe.execute()
+
+    def _wait_for_redis(self, exc: Exception) -> bool:
+        """Redis failed: wait a little before the next try (doubling, up to a second).
+        False when the process is closing and its time to flush is up."""
+        with self.cv:
+            self.healthy = False
+            self.cv.notify_all()
+            if self.closing and time.monotonic() >= self.close_by:
+                return False
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("events: Redis at %s unreachable (%s); keeping events until "
+                        "it is back", self.where, exc)
+        with self.cv:
+            self.cv.wait_for(lambda: self.closing, timeout=self._backoff)
+        self._backoff = min(1.0, self._backoff * 2)
+        return True
+
+    def _sent(self, batch: list[tuple[int, str]]) -> None:
+        """``batch`` is stored (or was refused): take it off the queue, wake the waiters."""
+        with self.cv:
+            last = batch[-1][0]
+            while self.queue and self.queue[0][0] <= last:
+                self.queue.popleft()
+            self.done = max(self.done, last)
+            self.healthy = True
+            dropped, self.dropped = self.dropped, 0
+            self.cv.notify_all()
+        if self._down_since is not None or dropped:
+            log.warning("events: Redis is back after %.1fs; queued events published%s",
+                        time.monotonic() - (self._down_since or time.monotonic()),
+                        f" ({dropped} oldest dropped)" if dropped else "")
+        self._uncertain, self._down_since, self._backoff = None, None, 0.05
 
     def _unsent(self, batch: list[tuple[int, str]], since: float) -> list[tuple[int, str]]:
         """The events of ``batch`` not in the stream yet: a send that timed out may still
@@ -193,6 +257,85 @@ class _RedisSink:
         stored = {f.get(b"data") for _, f in self.client.xrange(self.stream, min=str(start),
                                                                   count=50_000)}
         return [(n, d) for n, d in batch if d.encode() not in stored]
+
+
+class PipeSink:
+    """Writes events, one JSON line each, to the pipe the host agent gave this process, from
+    a background thread: ``emit`` only queues, so an agent that reads slowly never holds
+    training up. Lines are written whole and, where they fit, ``PIPE_BUF`` bytes at a time,
+    which the kernel never interleaves with another process's writes (a data loader worker
+    forked from this one writes to the same pipe)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pid = os.getpid()
+        self.cv = threading.Condition()
+        # The newest BUFFER_MAX events, while the agent reads slower than they come.
+        self.queue: collections.deque[str] = collections.deque(maxlen=BUFFER_MAX)
+        self.closing = False
+        self.broken = False
+        self.thread = threading.Thread(target=self._run, name="edt-events-pipe", daemon=True)
+        self.thread.start()
+
+    def put(self, data: str) -> None:
+        with self.cv:
+            if self.broken:
+                return
+            self.queue.append(data)
+            self.cv.notify_all()
+
+    def close(self, timeout: float) -> None:
+        with self.cv:
+            self.closing = True
+            self.cv.notify_all()
+        if timeout > 0 and self.thread.is_alive() and self.pid == os.getpid():
+            self.thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while not self.queue and not self.closing:
+                    self.cv.wait()
+                if not self.queue:
+                    return
+                chunk = [self.queue.popleft()]
+                size = len(chunk[0]) + 1
+                while self.queue and size + len(self.queue[0]) + 1 <= select.PIPE_BUF:
+                    size += len(self.queue[0]) + 1
+                    chunk.append(self.queue.popleft())
+            payload = "".join(line + "\n" for line in chunk).encode()
+            try:
+                while payload:
+                    payload = payload[os.write(self.fd, payload):]
+            except OSError:
+                # The agent is gone (EPIPE): nobody reads these any more, and this process
+                # is being ended with it.
+                with self.cv:
+                    self.broken = True
+                    self.queue.clear()
+                return
+
+
+def _pipe_fd() -> tuple[int | None, str | None]:
+    """The agent's pipe (``EDT_EVENTS_FD``) and a warning when it cannot be used. The variable
+    is taken out of the environment: a program this process starts does not inherit the pipe,
+    and the same number would be another file to it."""
+    raw = os.environ.pop("EDT_EVENTS_FD", None)
+    problem = None
+    if raw is not None:
+        try:
+            fd = int(raw)
+            st = os.fstat(fd)
+            writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+            if not stat.S_ISFIFO(st.st_mode) or not writable:
+                raise OSError(f"fd {fd} is not the write end of a pipe")
+            os.set_inheritable(fd, False)
+        except (ValueError, OSError) as exc:
+            fd = -1
+            problem = f"events: EDT_EVENTS_FD={raw!r} unusable ({exc}); events go nowhere"
+        _state["fd"] = fd
+    fd = _state["fd"]
+    return (fd if fd is not None and fd >= 0 else None), problem
 
 
 def configure(
@@ -215,34 +358,60 @@ def configure(
                 os.path.join(log_dir, "events.jsonl"), "a", buffering=1, encoding="utf-8"
             )
         _state["echo"] = (source == "standalone") if echo is None else echo
-        old, _state["redis"] = _state["redis"], None
-        _state["redis_failed"] = False
-    if old is not None:
+        # A Redis target is read again on the next event; the agent's pipe stays, with the
+        # events still queued for it in order.
+        old = _state["sink"] if isinstance(_state["sink"], RedisSink) else None
+        if old is not None:
+            _state["sink"] = None
+        _state["sink_failed"] = False
+    if old is not None and old.pid == os.getpid():
         old.close(timeout=0)
 
 
-def _sink() -> tuple[_RedisSink | None, str | None]:
-    """The Redis sink for ``EDT_EVENTS_REDIS_URL`` (made on first use); called under _lock.
-    Returns (sink, a warning to log once the lock is released)."""
+def _sink() -> tuple[RedisSink | PipeSink | None, str | None]:
+    """This process's sink (made on first use): the agent's pipe when it gave one, else Redis
+    at ``EDT_EVENTS_REDIS_URL``; called under _lock. Returns (sink, a warning to log once the
+    lock is released)."""
+    fd, problem = _pipe_fd()
+    sink = _state["sink"]
+    if sink is not None and sink.pid != os.getpid():
+        sink = None  # a forked child: its own writer thread
+    if fd is not None:
+        if not isinstance(sink, PipeSink) or sink.fd != fd:
+            sink = _state["sink"] = PipeSink(fd)
+        return sink, problem
     url = os.environ.get("EDT_EVENTS_REDIS_URL")
-    if not url or _state["redis_failed"]:
-        return None, None
+    if not url or _state["sink_failed"]:
+        return None, problem
     stream = os.environ.get("EDT_EVENTS_STREAM", "edt:events")
-    sink = _state["redis"]
-    if sink is not None and (sink.pid != os.getpid() or (sink.url, sink.stream) != (url, stream)):
-        sink = None  # a forked child, or the test changed the target: start afresh
-    if sink is None:
+    if not isinstance(sink, RedisSink) or (sink.url, sink.stream) != (url, stream):
         try:
-            sink = _RedisSink(url, stream)
+            sink = RedisSink(url, stream)  # the first one, or the test changed the target
         except Exception as exc:  # noqa: BLE001 - events never stop training
-            _state["redis_failed"] = True
-            return None, f"events: cannot use Redis at {url}: {exc}"
-        _state["redis"] = sink
-    return sink, None
+            _state["sink_failed"] = True
+            return None, f"events: cannot use Redis at {redacted(url)}: {exc}"
+        _state["sink"] = sink
+    return sink, problem
+
+
+def _fit(event: dict[str, Any], data: str) -> str:
+    """``data`` (``event`` as JSON), its long text fields shortened when it is too long."""
+    if len(data) <= MAX_EVENT_BYTES:
+        return data
+    short = {
+        k: (f"{v[:_TEXT_KEEP]}... ({len(v) - _TEXT_KEEP} characters cut)"
+            if isinstance(v, str) and len(v) > _TEXT_KEEP else v)
+        for k, v in event.items()
+    }
+    data = json.dumps(short, default=str)
+    if len(data) > MAX_EVENT_BYTES:
+        keep = {k: short[k] for k in ("type", "job_id", "source", "ts")}
+        data = json.dumps({**keep, "truncated": True}, default=str)
+    return data
 
 
 def _flush_at_exit() -> None:
-    sink = _state["redis"]
+    sink = _state["sink"]
     if sink is not None and sink.pid == os.getpid():
         try:
             timeout = float(os.environ.get("EDT_EVENTS_FLUSH_S") or 5.0)
@@ -251,7 +420,15 @@ def _flush_at_exit() -> None:
         sink.close(timeout)
 
 
+def _after_fork_in_child() -> None:
+    # Another thread may have held the lock when the process forked (a data loader worker):
+    # the child's copy would stay locked for ever. Its sink is made afresh (see _sink).
+    global _lock
+    _lock = threading.Lock()
+
+
 atexit.register(_flush_at_exit)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _readable(event: dict[str, Any]) -> str:
@@ -264,6 +441,27 @@ def _readable(event: dict[str, Any]) -> str:
     return f"[edt] {event['type']} {body}"
 
 
+def _to_file(data: str) -> str | None:
+    """Append to events.jsonl when there is one; a warning when that failed."""
+    if _state["file"] is None:
+        return None
+    try:
+        _state["file"].write(data + "\n")
+    except OSError as exc:
+        return f"events: cannot write events.jsonl: {exc}"
+    return None
+
+
+def _echo(event: dict[str, Any]) -> None:
+    """A readable line on the real stderr (standalone runs)."""
+    stream_out = getattr(sys, "__stderr__", None) or sys.stderr
+    try:
+        stream_out.write(_readable(event) + "\n")
+        stream_out.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def emit(type: str, **fields: Any) -> dict[str, Any]:  # noqa: A002 - the documented name
     """Publish one event to every configured sink and return it."""
     event: dict[str, Any] = {
@@ -273,7 +471,7 @@ def emit(type: str, **fields: Any) -> dict[str, Any]:  # noqa: A002 - the docume
         "ts": time.time(),
     }
     event.update(fields)
-    data = json.dumps(event, default=str)
+    data = _fit(event, json.dumps(event, default=str))
     warnings = []
     # Nothing under the lock may log: a log line on the captured stderr is itself an event.
     with _lock:
@@ -281,18 +479,11 @@ def emit(type: str, **fields: Any) -> dict[str, Any]:  # noqa: A002 - the docume
         if problem:
             warnings.append(problem)
         seq = sink.put(data) if sink is not None else None
-        if _state["file"] is not None:
-            try:
-                _state["file"].write(data + "\n")
-            except OSError as exc:
-                warnings.append(f"events: cannot write events.jsonl: {exc}")
+        problem = _to_file(data)
+        if problem:
+            warnings.append(problem)
         if _state["echo"] and type != "log":
-            stream_out = getattr(sys, "__stderr__", None) or sys.stderr
-            try:
-                stream_out.write(_readable(event) + "\n")
-                stream_out.flush()
-            except (OSError, ValueError):
-                pass
+            _echo(event)
     for message in warnings:
         log.warning("%s", message)
     if seq is not None and sink is not None:

@@ -5,8 +5,9 @@
     from fabric_model import FabricModel          # also: callbacks, emetrics, elog,
                                                   # pth_parameter_mgr, pyedt.fabric_model
 
-The zip holds this ``runtime`` package (without its tests) and WMLA's module names as
-thin shims over it. Torch and numpy come from the job's Python environment.
+The zip holds this ``runtime`` package (without its tests and the host-side tools) and, at its
+top, the files of ``wmla_compat/``: WMLA's module names as thin modules over the runtime, the
+same files the project installs. Torch and numpy come from the job's Python environment.
 
 ``python -m runtime.fabric_home DEST`` builds it from the command line.
 """
@@ -22,24 +23,23 @@ from pathlib import Path
 from .checkpoint import atomic_write
 
 PACKAGE = Path(__file__).resolve().parent
+# Beside this package in the project's folder, where jobs find the runtime too (their
+# PYTHONPATH names that folder).
+WMLA_NAMES = PACKAGE.parent / "wmla_compat"
+# Used on the host, never by model code: the local-job launcher (tests and benchmarks) and
+# this builder.
+HOST_ONLY = {"launcher.py", "fabric_home.py"}
 
-SHIMS = {
-    "fabric_model.py": '"""WMLA: from fabric_model import FabricModel."""\n'
-    "from runtime import FabricModel\n\n__all__ = [\"FabricModel\"]\n",
-    "callbacks.py": '"""WMLA: from callbacks import Callback, LoggerCallback."""\n'
-    "from runtime.callbacks import Callback, LoggerCallback\n\n"
-    "__all__ = [\"Callback\", \"LoggerCallback\"]\n",
-    "emetrics.py": '"""WMLA: from emetrics import EMetrics."""\n'
-    "from runtime.wmla import EMetrics\n\n__all__ = [\"EMetrics\"]\n",
-    "elog.py": '"""WMLA: from elog import ELog."""\nfrom runtime.wmla import ELog\n\n'
-    "__all__ = [\"ELog\"]\n",
-    "pth_parameter_mgr.py": '"""WMLA: import pth_parameter_mgr."""\n'
-    "from runtime.wmla import (getEpoch, getLearningRate, getOptimizer, getTestData,\n"
-    "                          getTrainBatchSize, getTrainData)\n",
-    "pyedt/__init__.py": "from runtime import FabricModel\n\n__all__ = [\"FabricModel\"]\n",
-    "pyedt/fabric_model.py": "from runtime import FabricModel\n\n__all__ = [\"FabricModel\"]\n",
-    "pyedt/callbacks.py": "from runtime.callbacks import Callback, LoggerCallback\n",
-}
+
+def zip_members() -> list[tuple[Path, str]]:
+    """Each file of ``fabric.zip`` and its name in the zip."""
+    runtime = [(path, f"runtime/{path.name}") for path in sorted(PACKAGE.glob("*.py"))
+               if path.name not in HOST_ONLY]
+    names = [(path, path.relative_to(WMLA_NAMES).as_posix())
+             for path in sorted(WMLA_NAMES.rglob("*.py"))]
+    if not names:
+        raise FileNotFoundError(f"WMLA's module names are missing from {WMLA_NAMES}")
+    return runtime + names
 
 
 def build_fabric_home(dest_dir: str | os.PathLike) -> str:
@@ -49,10 +49,8 @@ def build_fabric_home(dest_dir: str | os.PathLike) -> str:
     target = libs / "fabric.zip"
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(PACKAGE.glob("*.py")):
-            zf.write(path, f"runtime/{path.name}")
-        for name, text in SHIMS.items():
-            zf.writestr(name, text)
+        for path, name in zip_members():
+            zf.write(path, name)
     # A temp file of its own, then a rename: launch threads of one agent, or agents sharing
     # the volume, may build at the same moment.
     atomic_write(str(target), buf.getvalue())

@@ -1,9 +1,15 @@
-"""``FabricModel``: the user-facing API of seed 004, plus the names WMLA's samples use."""
+"""``FabricModel``: the user-facing API WMLA documents for elastic distributed training,
+plus the other names WMLA's sample models use."""
 
 from __future__ import annotations
 
+import io
 import math
 import os
+import tempfile
+import time
+import zipfile
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,7 +37,7 @@ def effective_batch(
     effective_batch_size: int | None,
     default_engines: int,
 ) -> tuple[int, int]:
-    """Seed 004's rules; returns ``(engines_number, global_batch)``.
+    """WMLA's effective batch size rules; returns ``(engines_number, global_batch)``.
 
     - only ``effective_batch_size``: engines_number = effective_batch_size / batch_size;
     - both: engines_number is the larger of the two;
@@ -53,13 +59,14 @@ def effective_batch(
 
 
 class FabricModel:
-    """An elastic distributed training model (seed 004).
+    """An elastic distributed training model, with the constructor and ``train`` WMLA documents.
 
     ``FabricModel(model, datasets_function, loss_function, optimizer, metrics=None,
     worker_logger_callback=None, driver_logger_callback=None, save_to_onnx=False,
     keras_custom_objects=None, fn_batch_collate=None)``; WMLA sample names are accepted
     too: ``driver_logger=``, ``worker_logger=``, ``user_callback=[...]``,
-    ``enable_onnx=``, ``fn_step_train=``, ``fn_test=``, ``scaleup_function=``.
+    ``enable_onnx=``, ``fn_step_train=``, ``fn_test=``, ``scaleup_function=``. After
+    ``train()``, ``download(out_dir=None)`` packs the trained model (WMLA 4.x notebooks).
     """
 
     def __init__(
@@ -110,6 +117,8 @@ class FabricModel:
         # Accepted for WMLA compatibility; the constant global batch already keeps the
         # mathematics the same at every size, so there is nothing to rescale.
         self.scaleup_function = scaleup_function
+        # What download() packs: set when train() has finished here (name, result folder).
+        self.trained: tuple[str, str | None] | None = None
 
     def get_optimizer(self) -> Any:
         return self.optimizer
@@ -147,20 +156,76 @@ class FabricModel:
             "validation_freq": int(validation_freq or 0),
             "checkpoint_freq": int(checkpoint_freq or 0),
         }
-        if env.role == "driver":
-            from .driver import run_driver
+        result = _run_role(self, env, cfg)
+        name = env.job_id if env.job_id != "local" else f"edt-notebook-{int(time.time() * 1000)}"
+        self.trained = (name, env.result_dir)
+        return result
 
-            return run_driver(env, self.driver_logger_callback, cfg)
-        if env.role == "worker" and not env.driver_addr:
-            raise RuntimeError("EDT_ROLE=worker needs EDT_DRIVER_ADDR (host:port of the driver)")
-        from .worker import run_trainer
+    def download(self, out_dir: str | None = None) -> str:
+        """WMLA 4.x notebooks' ``edt_m.download()`` / ``edt_m.download(out_dir=...)``: the
+        model trained by ``train()`` in this process as ``<out_dir>/<job name>.zip``
+        (``out_dir`` defaults to the temporary folder, ``/tmp`` as in WMLA).
 
-        run_trainer(self, cfg, env)
-        return None
+        The zip holds the result folder's ``model/`` tree (``model/train/model_epoch_final.pth``
+        and, when saved, ``model/model.onnx``); with no result folder (a notebook without
+        ``RESULT_DIR``), ``model/train/model_epoch_final.pth`` from the model in memory.
+        Prints ``Save model:  <path>`` as WMLA does and returns the path."""
+        if self.trained is None:
+            raise RuntimeError("download() needs a finished train() in this process: there "
+                               "is no trained model yet")
+        name, result_dir = self.trained
+        return _save_model_zip(self.model, name, result_dir, out_dir or tempfile.gettempdir())
+
+
+def _run_role(fm: FabricModel, env: JobEnv, cfg: dict[str, Any]) -> Any:
+    # Imported here, each role only its own side: a driver never loads the training loop,
+    # and a process that imports the runtime only for its events loads neither.
+    if env.role == "driver":
+        from .driver import run_driver
+
+        return run_driver(env, fm.driver_logger_callback, cfg)
+    if env.role == "worker" and not env.driver_addr:
+        raise RuntimeError("EDT_ROLE=worker needs EDT_DRIVER_ADDR (host:port of the driver)")
+    if env.role == "worker" and not env.secret:
+        raise RuntimeError("EDT_ROLE=worker needs EDT_JOB_SECRET (the job's secret)")
+    from .worker import run_trainer
+
+    run_trainer(fm, cfg, env)
+    return None
 
 
 def _with_max_workers(env: JobEnv, n: int) -> JobEnv:
-    from dataclasses import replace
-
     os.environ.setdefault("EDT_MAX_WORKERS", str(n))
     return replace(env, max_workers=n)
+
+
+def _model_files(result_dir: str | None) -> list[tuple[str, str]]:
+    """Each file under ``<result_dir>/model`` and its name in the zip."""
+    if not result_dir:
+        return []
+    base = os.path.join(result_dir, "model")
+    out = []
+    for folder, _dirs, files in os.walk(base):
+        for f in sorted(files):
+            path = os.path.join(folder, f)
+            if not f.endswith(".tmp") and os.path.isfile(path):
+                out.append((path, "model/" + os.path.relpath(path, base).replace(os.sep, "/")))
+    return out
+
+
+def _save_model_zip(model: torch.nn.Module, name: str, result_dir: str | None,
+                    out_dir: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.zip")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    files = _model_files(result_dir)
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for src, arc in files:
+            zf.write(src, arc)
+        if not any(arc.endswith(".pth") for _src, arc in files):
+            buf = io.BytesIO()
+            torch.save(model.state_dict(), buf)
+            zf.writestr("model/train/model_epoch_final.pth", buf.getvalue())
+    os.replace(tmp, path)
+    print("Save model: ", path, flush=True)
+    return path

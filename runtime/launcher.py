@@ -1,8 +1,9 @@
-"""Start a job's driver and workers as local processes (tests, bench, host agents).
+"""Start a job's driver and workers as local processes, for the runtime's tests and the
+benchmark (``bench/runtime.py``).
 
 Only a convenience over the real entry points: the same user script with
-``EDT_ROLE=driver`` / ``EDT_ROLE=worker`` and the variables of :mod:`runtime.config`. A
-host agent that starts processes itself on other hosts needs nothing from here.
+``EDT_ROLE=driver`` / ``EDT_ROLE=worker`` and the variables of :mod:`runtime.config`. The
+host agent (``agent/``) starts a job's processes itself and uses nothing from here.
 
     job = LocalJob("main.py", env={"RESULT_DIR": "/tmp/r"})
     job.start_driver()
@@ -13,11 +14,17 @@ host agent that starts processes itself on other hosts needs nothing from here.
 
 Each process's output goes to ``$RESULT_DIR/log/<driver|worker-id>/stdout`` (WMLA's
 layout; stderr is merged into it) when ``RESULT_DIR`` is set.
+
+The job's secret (``EDT_JOB_SECRET``) is the one in ``env`` when given, else a random one
+made here: only the processes this object starts, and its own control calls, hold it
+(``job.secret`` for other clients). The driver binds ``127.0.0.1`` unless ``env`` says
+otherwise.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -50,6 +57,9 @@ class LocalJob:
         if max_workers is not None:
             self.base_env["EDT_MAX_WORKERS"] = str(max_workers)
         self.base_env.setdefault("PYTHONUNBUFFERED", "1")
+        if not self.base_env.get("EDT_JOB_SECRET"):
+            self.base_env["EDT_JOB_SECRET"] = secrets.token_hex(32)
+        self.secret = self.base_env["EDT_JOB_SECRET"]
         self.driver: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self.driver_addr: str | None = None
@@ -111,7 +121,8 @@ class LocalJob:
 
     def remove_worker(self, worker_id: str, timeout: float = 120.0) -> int | None:
         """Cooperative leave at the next iteration boundary; returns the exit code."""
-        control.request_leave(self.driver_addr, worker_id, wait=True, timeout=timeout)
+        control.request_leave(self.driver_addr, self.secret, worker_id, wait=True,
+                              timeout=timeout)
         proc = self.workers.get(worker_id)
         return proc.wait(timeout) if proc else None
 
@@ -126,13 +137,14 @@ class LocalJob:
             self.driver.wait(10)
 
     def status(self) -> dict[str, Any]:
-        return control.status(self.driver_addr)
+        return control.status(self.driver_addr, self.secret)
 
     def stop(self, checkpoint: bool = False) -> None:
-        control.request_stop(self.driver_addr, checkpoint=checkpoint)
+        control.request_stop(self.driver_addr, self.secret, checkpoint=checkpoint)
 
     def wait(self, timeout: float = 600.0) -> int:
-        """Wait for the driver to exit, then for the workers; returns the driver's code."""
+        """Wait for the driver to exit, then for the workers; returns the driver's code
+        (0 finished, 1 failed, ``runtime.config.DRIVER_EXIT_STOPPED`` stopped)."""
         if self.driver is None:
             raise RuntimeError("no driver")
         deadline = time.monotonic() + timeout

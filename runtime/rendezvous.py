@@ -15,7 +15,7 @@ current members train; the driver only changes membership at an iteration bounda
    the driver first, and rank 0 of the next generation fetches it from there.
 
 Each generation's process group uses the key prefix ``edt/<generation>/`` in the driver's
-TCPStore, so a stale peer cannot join a newer group.
+key-value store (:mod:`runtime.store`), so a stale peer cannot join a newer group.
 """
 
 from __future__ import annotations
@@ -38,14 +38,12 @@ class Rendezvous:
     def __init__(
         self,
         *,
-        store_addr: str,
         min_workers: int = 1,
         max_workers: int | None = None,
         grace_s: float = 0.5,
         peer_timeout_s: float = 20.0,
         on_event: Callable[..., None] | None = None,
     ) -> None:
-        self.store_addr = store_addr
         self.min_workers = min_workers
         self.max_workers = max_workers
         self.grace_s = grace_s
@@ -158,13 +156,9 @@ class Rendezvous:
                 self.cv.wait(min(left, 0.5))
             return self.assignments.pop(worker_id)
 
-    def view(self) -> tuple[int, bool, bool]:
-        """What a worker's link is told: (generation, pending, stop requested)."""
-        with self.cv:
-            return self.generation, self._pending_locked(), self.stop_requested
-
     def wait_view(self, last: tuple | None, timeout: float) -> tuple[int, bool, bool]:
-        """The view once it differs from ``last``, or after ``timeout`` seconds."""
+        """What a worker's link is told, ``(generation, pending, stop requested)``, once it
+        differs from ``last`` or after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self.cv:
             while True:
@@ -244,26 +238,33 @@ class Rendezvous:
         """Advance the state machine; the driver calls this on every change and at 20 Hz."""
         with self.cv:
             now = time.monotonic()
-            for m in self.members:
-                seen = self.last_seen.get(m, now)
-                stale = now - seen > self.peer_timeout_s
-                if m not in self.lost and m not in self.arrived and stale:
-                    self.lost.add(m)
-                    self.cv.notify_all()
+            self._mark_silent_lost(now)
             if not self.members:
                 self._maybe_start(now)
                 return
-            if not self._pending_locked():
-                return
-            expected = [m for m in self.members if m not in self.lost]
-            missing = [m for m in expected if m not in self.arrived]
-            if missing:
-                first = min((a.at for a in self.arrived.values()), default=None)
-                if first is None or now - first < self.peer_timeout_s:
-                    return
-                self.lost.update(missing)
-                self.late.update(missing)
-            self._form(now)
+            if self._pending_locked() and self._all_arrived(now):
+                self._form(now)
+
+    def _mark_silent_lost(self, now: float) -> None:
+        """Members not heard from for ``peer_timeout_s`` (and not waiting in a sync) are lost."""
+        for m in self.members:
+            stale = now - self.last_seen.get(m, now) > self.peer_timeout_s
+            if m not in self.lost and m not in self.arrived and stale:
+                self.lost.add(m)
+                self.cv.notify_all()
+
+    def _all_arrived(self, now: float) -> bool:
+        """Whether every live member has come to the sync; those that have not within
+        ``peer_timeout_s`` of the first arrival are dropped as late, and the rest go on."""
+        missing = [m for m in self.members if m not in self.lost and m not in self.arrived]
+        if not missing:
+            return True
+        first = min((a.at for a in self.arrived.values()), default=None)
+        if first is None or now - first < self.peer_timeout_s:
+            return False
+        self.lost.update(missing)
+        self.late.update(missing)
+        return True
 
     def _maybe_start(self, now: float) -> None:
         if self.stop_requested or not self.joiners:
@@ -275,49 +276,70 @@ class Rendezvous:
         self._form(now)
 
     def _form(self, now: float) -> None:
-        old_members = list(self.members)
+        """Form the next generation from the members that arrived and the joiners."""
+        old = list(self.members)
         arrived = self.arrived
-        survivors = [m for m in old_members if m in arrived and m not in self.lost]
-        for m in old_members:
-            if m in self.lost and m not in self.left:
-                self._mark_left(m, "late" if m in self.late else "lost")
+        survivors = [m for m in old if m in arrived and m not in self.lost]
+        self._report_dropped(old)
         if self.stop_requested:
             self._finish_stop(survivors, arrived)
             return
-        staying = [m for m in survivors if m not in self.leaving]
-        leavers = [m for m in survivors if m in self.leaving]
-        rank_of = {m: i for i, m in enumerate(old_members)}
-        staying.sort(key=lambda m: (-arrived[m].global_step, rank_of[m]))
+        staying, leavers = self._split(old, survivors, arrived)
         room = None if self.max_workers is None else max(0, self.max_workers - len(staying))
         joiners = list(self.joiners)[:room]
-        new = staying + joiners
-        has_state = [m for m in staying if arrived[m].global_step >= 0]
-        upload_from = None
-        if not has_state and leavers:
-            upload_from = max(leavers, key=lambda m: arrived[m].global_step)
-            if arrived[upload_from].global_step < 0:
-                upload_from = None
+        has_state = any(arrived[m].global_step >= 0 for m in staying)
+        upload_from = None if has_state else _furthest(leavers, arrived)
+        self._send_away(leavers, upload_from)
+        self._advance(old, staying + joiners, joiners, upload_from)
+        if self.members:
+            self._assign(staying, joiners, has_state, arrived, now)
+            self._announce(old, joiners)
+        self.cv.notify_all()
+
+    def _report_dropped(self, old: list[str]) -> None:
+        for m in old:
+            if m in self.lost and m not in self.left:
+                self._mark_left(m, "late" if m in self.late else "lost")
+
+    def _split(self, old: list[str], survivors: list[str],
+               arrived: dict[str, Arrival]) -> tuple[list[str], list[str]]:
+        """``(staying, leavers)``: the furthest of those staying is rank 0 (it broadcasts
+        its state), then the old order."""
+        rank_of = {m: i for i, m in enumerate(old)}
+        staying = sorted((m for m in survivors if m not in self.leaving),
+                         key=lambda m: (-arrived[m].global_step, rank_of[m]))
+        return staying, [m for m in survivors if m in self.leaving]
+
+    def _send_away(self, leavers: list[str], upload_from: str | None) -> None:
         for m in leavers:
             self.assignments[m] = {"action": "leave", "upload": m == upload_from}
             self._mark_left(m, "reclaimed")
             self.leaving.discard(m)
+
+    def _advance(self, old: list[str], new: list[str], joiners: list[str],
+                 upload_from: str | None) -> None:
+        """Generation ``g+1`` is ``new``; what was pending about ``old`` is settled."""
         self.arrived = {}
-        self.lost -= set(old_members)
-        self.late -= set(old_members)
+        self.lost -= set(old)
+        self.late -= set(old)
         for m in joiners:
             self.joiners.pop(m, None)
         self.members = new
         self.generation += 1
         if upload_from is not None:
             self.promised_version = self.state_version + 1
-        if not new:
-            self.cv.notify_all()
-            return
+
+    def _assign(self, staying: list[str], joiners: list[str], has_state: bool,
+                arrived: dict[str, Arrival], now: float) -> None:
+        """Tell each member of the new generation its rank and where its state comes from:
+        the driver (nobody staying has one), or rank 0 by broadcast (joiners, or survivors
+        at different steps)."""
         self.ever_formed = True
         steps = {arrived[m].global_step for m in staying}
         version = max(self.state_version, self.promised_version)
         fetch = not has_state and (self.state_blob is not None or version > self.state_version)
         broadcast = bool(joiners) or len(steps) > 1 or not has_state
+        new = self.members
         for rank, m in enumerate(new):
             self.assignments[m] = {
                 "action": "train",
@@ -325,25 +347,26 @@ class Rendezvous:
                 "rank": rank,
                 "world_size": len(new),
                 "members": new,
-                "store_addr": self.store_addr,
                 "broadcast": broadcast,
                 "fetch_state": fetch and rank == 0,
                 "state_version": version,
             }
             self.last_seen[m] = now
+
+    def _announce(self, old: list[str], joiners: list[str]) -> None:
+        new = self.members
         self._emit(
             "generation.changed",
             generation=self.generation,
             size=len(new),
             members=new,
             joined=joiners,
-            left=[m for m in old_members if m not in new],
+            left=[m for m in old if m not in new],
             **self.position,
         )
         for m in joiners:
             self._emit("worker.joined", worker_id=m, generation=self.generation,
                        rank=new.index(m))
-        self.cv.notify_all()
 
     def _finish_stop(self, survivors: list[str], arrived: dict[str, Arrival]) -> None:
         upload_from = None
@@ -369,3 +392,12 @@ class Rendezvous:
                 "left": dict(self.left),
                 "state_version": self.state_version,
             }
+
+
+def _furthest(leavers: list[str], arrived: dict[str, Arrival]) -> str | None:
+    """The leaver with the most committed steps, to hand its state over; None when no
+    leaver has any state."""
+    if not leavers:
+        return None
+    best = max(leavers, key=lambda m: arrived[m].global_step)
+    return best if arrived[best].global_step >= 0 else None

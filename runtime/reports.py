@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from . import events
-from .callbacks import call
+from .callbacks import log_metrics
 
 
 class Reports:
@@ -20,6 +20,7 @@ class Reports:
         self.epoch = 0
         self.iteration = 0
         self.global_step = 0
+        self.workers = 1
         self._acc: dict[str, float] = {}
         self._n = 0
         self._last_event = 0.0
@@ -30,7 +31,8 @@ class Reports:
             self._train(r)
         elif kind == "test":
             metrics = r["metrics"]
-            call(self.logger, "log_test_metrics", metrics, 0, r["epoch"])
+            log_metrics(self.logger, "log_test_metrics", metrics, self.global_step, r["epoch"],
+                        r.get("workers", self.workers))
             events.emit("metrics.test", epoch=r["epoch"], samples=r.get("samples"), **metrics)
         elif kind == "epoch":
             avg = {k: v / max(1, self._n) for k, v in self._acc.items()}
@@ -43,11 +45,13 @@ class Reports:
         if r["epoch"] != self.epoch or r["iteration"] == 1:
             self._acc, self._n = {}, 0
         self.epoch, self.iteration, self.global_step = r["epoch"], r["iteration"], r["global_step"]
+        self.workers = r["workers"]
         for k, v in metrics.items():
             self._acc[k] = self._acc.get(k, 0.0) + v * n
         self._n += n
         avg = {k: v / max(1, self._n) for k, v in self._acc.items()}
-        call_train_logger(self.logger, avg, self.global_step, self.epoch, r["workers"])
+        log_metrics(self.logger, "log_train_metrics", avg, self.global_step, self.epoch,
+                    r["workers"])
         now = time.monotonic()
         last = r["iteration"] == r.get("steps_per_epoch")
         if last or now - self._last_event >= self.metrics_interval_s:
@@ -61,22 +65,3 @@ class Reports:
                 workers=r["workers"],
                 **metrics,
             )
-
-
-def call_train_logger(logger: Any, metrics: dict, iteration: int, epoch: int, workers: int) -> None:
-    """Seed 004's ``log_train_metrics(metrics, iteration, epoch, workers)``; older WMLA
-    samples declare ``log_train_metrics(loss, acc, completed_batch, worker=0)``."""
-    fn = getattr(logger, "log_train_metrics", None)
-    if fn is None:
-        return
-    try:
-        import inspect
-
-        first = next(iter(inspect.signature(fn).parameters), None)
-    except (TypeError, ValueError, StopIteration):
-        first = None
-    if first == "loss":
-        acc = metrics.get("accuracy", metrics.get("acc", 0.0))
-        fn(metrics.get("loss", 0.0), acc, iteration, workers)
-    else:
-        call(logger, "log_train_metrics", metrics, iteration, epoch, workers)

@@ -64,3 +64,30 @@ def restore(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> Po
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return Position(**state["position"])
+
+
+# Progress compares by epoch first: a state further into training has the larger number.
+PROGRESS_EPOCH = 1 << 32
+
+
+class TrainingState:
+    """One worker's model, optimizer and data position, as they move between members.
+
+    ``has_state`` says whether this process holds the job's training state at all: a joiner
+    does not until its first generation gives it one (a standalone run always does)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.pos = Position()
+        self.has_state = False
+
+    def blob(self) -> bytes:
+        return dumps(snapshot(self.model, self.optimizer, self.pos))
+
+    def load(self, blob: bytes) -> None:
+        self.pos = restore(self.model, self.optimizer, loads(blob))
+
+    def progress(self) -> int:
+        """How far this state is (-1: none), for the driver to pick the furthest survivor."""
+        return self.pos.epoch * PROGRESS_EPOCH + self.pos.global_step if self.has_state else -1

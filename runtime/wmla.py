@@ -1,9 +1,9 @@
 """WMLA helper APIs that model folders import: ``EMetrics``, ``ELog`` and the
 ``pth_parameter_mgr`` functions.
 
-``$FABRIC_HOME/libs/fabric.zip`` (see :mod:`runtime.fabric_home`) exposes them under
-WMLA's module names (``emetrics``, ``elog``, ``callbacks``, ``pth_parameter_mgr``,
-``fabric_model``).
+WMLA's module names for them (``emetrics``, ``elog``, ``pth_parameter_mgr``) are thin files
+in ``wmla_compat/``, put in ``$FABRIC_HOME/libs/fabric.zip`` by :mod:`runtime.fabric_home`
+(``pth_parameter_mgr`` is also installed with the project).
 
 Hyper-parameters reach ``pth_parameter_mgr`` through the job environment:
 ``EDT_HPARAMS`` (a JSON object) or ``EDT_HPARAMS_FILE`` (a JSON file), with keys
@@ -16,9 +16,14 @@ name, default ``SGD``), ``learning_rate`` (or ``lr``), ``momentum``, ``weight_de
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import json
+import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -62,7 +67,7 @@ class EMetrics:
             "grouplabel": group,
             "etimes": {"iteration": {"type": 2, "value": int(iteration)}},
             "values": {k: {"type": 3, "value": float(v)} for k, v in values.items()
-                       if isinstance(v, int | float)},
+                       if _reported(v)},
         }
         self.r_index += 1
         if self.f is not None:
@@ -76,16 +81,32 @@ class EMetrics:
             self.f = None
 
 
+def _number(v: Any) -> float | None:
+    """``v`` as a number, if it is one (a float, an int, a one-element tensor)."""
+    if isinstance(v, bool | str | bytes) or v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _reported(v: Any) -> bool:
+    """A value a log line or a metric record shows: a number, and not NaN (the value a model
+    that reports no accuracy hands WMLA 1.2.3-2.3 callbacks)."""
+    number = _number(v)
+    return number is not None and not math.isnan(number)
+
+
 def _metrics_from(args: tuple) -> dict[str, Any]:
-    """ELog accepts either a metrics dict or WMLA's older (loss, accuracy[, worker])."""
+    """ELog accepts either a metrics dict or WMLA's older (loss, accuracy[, worker]); a
+    value that is not a number (a metric the model does not report) is left out."""
     if args and isinstance(args[0], dict):
-        return dict(args[0])
-    out: dict[str, Any] = {}
-    if len(args) > 0:
-        out["loss"] = args[0]
-    if len(args) > 1:
-        out["accuracy"] = args[1]
-    return out
+        raw = dict(args[0])
+    else:
+        raw = dict(zip(("loss", "accuracy"), args[:2], strict=False))
+    return {k: v if isinstance(v, int | float) else _number(v) for k, v in raw.items()
+            if _reported(v)}
 
 
 def _fmt(v: Any) -> str:
@@ -95,17 +116,30 @@ def _fmt(v: Any) -> str:
 class ELog:
     """Prints WMLA's log lines:
     ``[YYYY-mm-dd HH:MM:SS] Train,\\tTimestamp: <ms>,\\tGlobal steps: N,\\tIteration: N,
-    \\tLoss: x,\\tAccuracy: x`` and ``[...] Test,\\tTimestamp: <ms>,\\tLoss: x,...``."""
+    \\tLoss: x,\\tAccuracy: x`` and ``[...] Test,\\tTimestamp: <ms>,\\tLoss: x,...``;
+    a metric the model does not report is left out (never ``Accuracy: 0``)."""
+
+    def __init__(self, subId: str | None = None, f: Any = None) -> None:  # noqa: N803
+        self.subId = subId  # noqa: N815 - WMLA's attribute names
+        self.f = f
 
     @staticmethod
-    def open(*args: Any, **kwargs: Any) -> ELog:
-        return ELog()
+    def open(subId: str | None = None, *args: Any, **kwargs: Any) -> ELog:  # noqa: N803
+        return ELog(subId)
 
     def __enter__(self) -> ELog:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        pass
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to close: the lines go to the process's output, which the job keeps."""
+
+    def recordText(self, text: str) -> str:  # noqa: N802
+        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}"
+        print(line, flush=True)
+        return line
 
     @staticmethod
     def line(title: str, fields: list[tuple[str, Any]]) -> str:
@@ -127,6 +161,43 @@ class ELog:
         text = self.line(title, [(k[:1].upper() + k[1:], v) for k, v in metrics.items()])
         print(text, flush=True)
         return text
+
+
+# -- WMLA's generic module names ------------------------------------------------------------
+
+# ``callbacks``, ``elog`` and ``emetrics`` are too generic to install at the top level of every
+# environment the project goes into. A job finds them on its PYTHONPATH (``wmla_compat/``) or
+# in ``fabric.zip``; anywhere else (``python elastic-main.py`` where the project is installed)
+# they are served by this finder, which importing one of WMLA's own names (``fabric_model``,
+# ``pth_parameter_mgr``, ``pyedt``) puts last on ``sys.meta_path``: every folder on ``sys.path``
+# is searched first, so a model folder's own ``elog.py`` or ``edtcallback.py`` always wins.
+FALLBACK_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "callbacks": ("runtime.callbacks", ("Callback", "LoggerCallback")),
+    "elog": ("runtime.wmla", ("ELog",)),
+    "emetrics": ("runtime.wmla", ("EMetrics",)),
+}
+
+
+class _FallbackNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if path is not None or fullname not in FALLBACK_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, origin="edt-runtime")
+
+    def create_module(self, spec: Any) -> None:
+        return None  # the default module
+
+    def exec_module(self, module: Any) -> None:
+        source, names = FALLBACK_MODULES[module.__name__]
+        src = importlib.import_module(source)
+        module.__dict__.update({name: getattr(src, name) for name in names})
+        module.__all__ = list(names)
+
+
+def expose_module_names() -> None:
+    """Make ``callbacks``, ``elog`` and ``emetrics`` importable, after everything else."""
+    if not any(isinstance(f, _FallbackNames) for f in sys.meta_path):
+        sys.meta_path.append(_FallbackNames())
 
 
 # -- pth_parameter_mgr --------------------------------------------------------------------

@@ -9,7 +9,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from runtime.worker import PeerFailure, init_group
+from runtime.errors import PeerFailure
+from runtime.process_group import init_group
 
 mode, host, port, rank = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=20))

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from runtime import control
 from runtime.launcher import LocalJob
 
 SCRIPT = str(Path(__file__).with_name("elastic_script.py"))
@@ -58,7 +57,7 @@ def wait_for_step(result_dir: Path, pred: Callable[[dict], bool], what: str,
 
 
 def wait_for_joiners(job: LocalJob, n: int) -> None:
-    wait_until(lambda: len(control.status(job.driver_addr)["joining"]) >= n, f"{n} joiners")
+    wait_until(lambda: len(job.status()["joining"]) >= n, f"{n} joiners")
 
 
 def run_standalone(

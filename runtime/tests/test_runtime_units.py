@@ -132,7 +132,7 @@ def _formed_pair(seen: list) -> tuple[Rendezvous, dict]:
     """A rendezvous (peer timeout 0.2 s) whose first generation is members a and b."""
     import threading
 
-    rdzv = Rendezvous(store_addr="h:1", grace_s=0, peer_timeout_s=0.2,
+    rdzv = Rendezvous(grace_s=0, peer_timeout_s=0.2,
                       on_event=lambda t, **f: seen.append((t, f)))
     replies: dict = {}
     threads = [threading.Thread(target=lambda w=w: replies.update({w: rdzv.join(w, 5)}))
@@ -205,3 +205,63 @@ def test_a_failed_group_init_leaves_the_process_able_to_form_the_next() -> None:
     for p, (out, err) in zip((survivor, joiner), outs, strict=True):
         assert p.returncode == 0, err
         assert out.strip() == "3"
+
+
+def test_the_drivers_store_serves_torchs_store_calls_only_to_holders_of_the_secret() -> None:
+    import datetime
+    import socket
+    import threading
+
+    import torch.distributed as dist
+
+    from runtime import wire
+    from runtime.store import KeyValue, LinkStore
+
+    kv = KeyValue()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve(sock: socket.socket) -> None:
+        with sock:
+            try:
+                wire.accept(sock, "job-secret", timeout=5)
+                while True:
+                    header, payload = wire.recv_msg(sock)
+                    wire.send_msg(sock, *kv.handle(header, payload))
+            except (OSError, ValueError):
+                return
+
+    def accept_forever() -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(sock,), daemon=True).start()
+
+    threading.Thread(target=accept_forever, daemon=True).start()
+    addr = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        store = LinkStore(addr, "job-secret", timeout_s=2)
+        store.set("rank_0", b"addr0")
+        assert store.get("rank_0") == b"addr0"
+        assert store.add("count", 2) == 2 and store.add("count", 3) == 5
+        assert store.get("count") == b"5"
+        # compare_set as TCPStore does it: set when absent and nothing expected, else the
+        # value now held.
+        assert store.compare_set("cas", b"", b"one") == b"one"
+        assert store.compare_set("cas", b"two", b"three") == b"one"
+        assert store.compare_set("cas", b"one", b"three") == b"three"
+        assert store.check(["rank_0", "cas"]) and not store.check(["rank_1"])
+        # A waiter is woken by a set from another connection.
+        later = threading.Timer(0.2, lambda: LinkStore(addr, "job-secret", 2).set("rank_1", b"x"))
+        later.start()
+        store.wait(["rank_1"], datetime.timedelta(seconds=5))
+        with pytest.raises(dist.DistStoreError, match="not set within"):
+            store.get("never")
+        assert store.delete_key("rank_0") and store.num_keys() == 3
+        # Without the job's secret, nothing: no key read, none written.
+        with pytest.raises(dist.DistStoreError, match="refused this job secret"):
+            LinkStore(addr, "a-guess", timeout_s=2).set("rank_1", b"attacker")
+        assert store.get("rank_1") == b"x"
+    finally:
+        listener.close()

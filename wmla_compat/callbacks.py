@@ -1,4 +1,4 @@
-"""``from pyedt.callbacks import Callback, LoggerCallback``."""
+"""WMLA's ``from callbacks import Callback, LoggerCallback``."""
 
 from runtime.callbacks import Callback, LoggerCallback
 

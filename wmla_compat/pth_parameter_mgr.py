@@ -4,6 +4,7 @@ See :mod:`runtime.wmla` for where they come from (``EDT_HPARAMS`` / ``EDT_HPARAM
 """
 
 from runtime.wmla import (
+    expose_module_names,
     getEpoch,
     getLearningRate,
     getOptimizer,
@@ -11,6 +12,8 @@ from runtime.wmla import (
     getTrainBatchSize,
     getTrainData,
 )
+
+expose_module_names()
 
 __all__ = [
     "getEpoch",

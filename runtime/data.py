@@ -1,0 +1,110 @@
+"""The user's datasets, turned into the batches a worker computes.
+
+The sampler says which micro-batches of a step this rank computes; :class:`Batches` loads
+them on a thread pool, the next step's while this one trains, and moves each to the
+device. A dataset or collate function that raises is the user's error
+(:class:`~runtime.errors.UserCodeError`), reported as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from .errors import UserCodeError
+from .sampler import ElasticSampler
+
+
+def _is_map_dataset(ds: Any) -> bool:
+    return hasattr(ds, "__getitem__") and hasattr(ds, "__len__")
+
+
+def load_datasets(datasets_function: Any) -> tuple[Any, Any]:
+    """``(train, test)`` from the user's ``datasets_function``, checked."""
+    try:
+        result = datasets_function()
+    except Exception as exc:
+        raise UserCodeError(f"datasets_function raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        raise UserCodeError(
+            "datasets_function must return (train_dataset, test_dataset), got "
+            f"{type(result).__name__}"
+        )
+    train_ds, test_ds = result
+    if not _is_map_dataset(train_ds) or (test_ds is not None and not _is_map_dataset(test_ds)):
+        raise UserCodeError(
+            "datasets_function must return map-style datasets (with __getitem__ and "
+            f"__len__), got {type(train_ds).__name__} and {type(test_ds).__name__}"
+        )
+    return train_ds, test_ds
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+class Batches:
+    """Loads the micro-batches of each step, one step ahead, on ``threads`` threads."""
+
+    def __init__(self, train_ds: Any, sampler: ElasticSampler, collate: Any, threads: int,
+                 device: torch.device) -> None:
+        self.train_ds = train_ds
+        self.sampler = sampler
+        self.collate = collate
+        self.device = device
+        self.pool = ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="edt-data")
+        self._prefetch: dict[tuple, list[Future]] = {}
+
+    def forget(self) -> None:
+        """Drop what was loaded ahead: the group changed, so the next step's share did too."""
+        self._prefetch = {}
+
+    def _load(self, indices: list[int]) -> Any:
+        try:
+            samples = [self.train_ds[i] for i in indices]
+            return self.collate(samples)
+        except Exception as exc:
+            raise UserCodeError(
+                f"loading a training batch raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _submit(self, epoch: int, step: int, rank: int, world: int) -> list[Future]:
+        return [self.pool.submit(self._load, idx)
+                for idx in self.sampler.assignment(epoch, step, rank, world)]
+
+    def step(self, epoch: int, step: int, rank: int, world: int) -> list[Future]:
+        """This rank's micro-batches of ``step`` (futures), and the next step's started."""
+        futures = self._prefetch.pop((epoch, step, rank, world), None)
+        if futures is None:
+            futures = self._submit(epoch, step, rank, world)
+        if step + 1 < self.sampler.steps_per_epoch:
+            self._prefetch = {(epoch, step + 1, rank, world):
+                              self._submit(epoch, step + 1, rank, world)}
+        else:
+            self._prefetch = {}
+        return futures
+
+    def split(self, batch: Any) -> tuple[Any, Any]:
+        """``(features, labels)`` of a batch, on the device."""
+        if not isinstance(batch, tuple | list) or len(batch) != 2:
+            raise UserCodeError(
+                "each batch must be (features, labels); the dataset's __getitem__ (or "
+                f"fn_batch_collate) returned {type(batch).__name__}"
+            )
+        return to_device(batch[0], self.device), to_device(batch[1], self.device)
+
+    def evaluation(self, dataset: Any, rows: range, batch_size: int) -> Iterator[tuple]:
+        """The batches of ``rows`` of ``dataset``, loaded as they are asked for."""
+        return (
+            self.split(self.collate([dataset[i] for i in rows[j: j + batch_size]]))
+            for j in range(0, len(rows), batch_size)
+        )

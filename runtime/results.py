@@ -1,0 +1,31 @@
+"""Where the state rank 0 hands over ends up: result files, announced as events.
+
+The driver does this with what its workers upload; a standalone run does it itself. Both
+write through :class:`runtime.checkpoint.ResultWriter` (atomic, fenced by the job attempt)
+and announce each file written (``checkpoint.saved``, ``model.saved``).
+"""
+
+from __future__ import annotations
+
+from . import checkpoint, events
+
+
+class Results:
+    """A job's checkpoints, final model and ONNX file."""
+
+    def __init__(self, result_dir: str | None, checkpoint_dir: str | None) -> None:
+        self.writer = checkpoint.ResultWriter(result_dir, checkpoint_dir)
+
+    def save_checkpoint(self, blob: bytes) -> None:
+        manifest = self.writer.save_checkpoint(blob)
+        if manifest:
+            events.emit("checkpoint.saved", path=manifest["path"], epoch=manifest["epoch"],
+                        sha256=manifest["sha256"])
+
+    def save_final(self, blob: bytes) -> None:
+        for path in self.writer.save_final(blob):
+            events.emit("model.saved", path=path, format="pth")
+
+    def save_onnx(self, onnx_bytes: bytes) -> None:
+        for path in self.writer.save_onnx(onnx_bytes):
+            events.emit("model.saved", path=path, format="onnx")
