@@ -10,11 +10,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from config.ownership import OwnedQuerySet
-from jobs import states
-
-PRIORITY_MIN = 1
-PRIORITY_MAX = 10000
-PRIORITY_DEFAULT = 5000
+from jobs import priority, states
 
 
 class TrainingJobQuerySet(OwnedQuerySet):
@@ -54,8 +50,8 @@ class TrainingJob(models.Model):
     )
     state = models.CharField(max_length=16, choices=states.CHOICES, default=states.SUBMITTED)
     priority = models.PositiveIntegerField(
-        default=PRIORITY_DEFAULT,
-        validators=[MinValueValidator(PRIORITY_MIN), MaxValueValidator(PRIORITY_MAX)],
+        default=priority.DEFAULT,
+        validators=[MinValueValidator(priority.MIN), MaxValueValidator(priority.MAX)],
     )
     max_workers = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     devices_per_worker = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
@@ -76,6 +72,12 @@ class TrainingJob(models.Model):
     # Fencing token: every (re)launch of the job's driver claims attempt n+1 with a conditional
     # UPDATE, so a stale duplicate launch sees it lost and exits without writing.
     attempt = models.PositiveIntegerField(default=0)
+    # Where a driver listens, written by its host agent only while its attempt is the job's
+    # current one. ``driver_attempt`` names the attempt that wrote them: once the scheduler
+    # claims a newer attempt, they describe a superseded driver and nobody uses them.
+    driver_attempt = models.PositiveIntegerField(default=0)
+    driver_host = models.CharField(max_length=200, blank=True)
+    driver_address = models.CharField(max_length=256, blank=True)
     restarts = models.PositiveIntegerField(default=0)
     max_restarts = models.PositiveIntegerField(default=5)
     heartbeat = models.DateTimeField(null=True, blank=True)
@@ -124,6 +126,15 @@ class TrainingJob(models.Model):
                 self.error = error
                 fields.append("error")
             self.save(update_fields=fields)
+
+
+# Why a slot was given back: the values of ``SlotAllocation.release_reason``.
+RELEASE_RECLAIMED = "reclaimed"  # its worker left when the scheduler asked for the slot
+RELEASE_FORCED = "reclaim_forced"  # its worker did not leave within the grace period
+RELEASE_HOST_LOST = "host_lost"  # its host stopped sending heartbeats
+RELEASE_JOB_ENDED = "job_ended"  # its job was stopped, failed, or ended some other way
+RELEASE_WORKER_FAILED = "worker_failed"  # its worker process failed
+RELEASE_FINISHED = "finished"  # its job finished
 
 
 class SlotAllocation(models.Model):

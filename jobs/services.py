@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from django.conf import settings
@@ -10,58 +9,23 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from config.control_plane import wake_scheduler
 from config.ownership import is_admin
-from jobs import states
-from jobs.models import PRIORITY_MAX, PRIORITY_MIN, JobEvent, TrainingJob
-from jobs.notify import wake_scheduler
-
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# The runtime and the host agent own these; a user may not override them.
-RESERVED_ENV = frozenset(
-    {
-        "DATABASE_URL",
-        "REDIS_URL",
-        "SECRET_KEY",
-        "CUDA_VISIBLE_DEVICES",
-        "EDT_ROLE",
-        "EDT_JOB_ID",
-        "EDT_DRIVER_ADDR",
-        "EDT_WORKER_ID",
-        "DLI_EXECID",
-        "RESULT_DIR",
-        "LOG_DIR",
-        "FABRIC_HOME",
-    }
-)
+from jobs import jobfiles, states
+from jobs import priority as bounds
+from jobs.models import JobEvent, SlotAllocation, TrainingJob
+from jobs.validation import validate_args, validate_command_line, validate_env_vars
+from models.validation import check_main_file, validate_hyper_parameters
 
 
 def validate_priority(priority: object) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValidationError({"priority": f"Priority must be an integer, not {priority!r}."})
-    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+    if not bounds.MIN <= priority <= bounds.MAX:
         raise ValidationError(
-            {"priority": f"Priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}."}
+            {"priority": f"Priority must be between {bounds.MIN} and {bounds.MAX}."}
         )
     return priority
-
-
-def validate_env_vars(env_vars: object) -> dict[str, str]:
-    if not isinstance(env_vars, dict):
-        raise ValidationError({"env_vars": "Environment variables must be an object of names."})
-    clean: dict[str, str] = {}
-    for name, value in env_vars.items():
-        if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise ValidationError(
-                {"env_vars": f"'{name}' is not a valid environment variable name."}
-            )
-        if name in RESERVED_ENV:
-            raise ValidationError(
-                {"env_vars": f"'{name}' is set by the system and cannot be overridden."}
-            )
-        if not isinstance(value, str | int | float | bool):
-            raise ValidationError({"env_vars": f"The value of '{name}' must be a string."})
-        clean[name] = str(value)
-    return clean
 
 
 def validate_max_workers(max_workers: object, field: str = "max_workers") -> int:
@@ -71,6 +35,20 @@ def validate_max_workers(max_workers: object, field: str = "max_workers") -> int
     if not 1 <= max_workers <= limit:
         raise ValidationError({field: f"Max workers must be between 1 and {limit}."})
     return max_workers
+
+
+def validate_job_name(name: object) -> str:
+    if name in (None, ""):
+        return ""
+    if not isinstance(name, str):
+        raise ValidationError({"name": "The job's name must be a string."})
+    name = name.strip()
+    limit = TrainingJob._meta.get_field("name").max_length
+    if len(name) > limit:
+        raise ValidationError({"name": f"A job's name may be at most {limit} characters long."})
+    if "\x00" in name:
+        raise ValidationError({"name": "A job's name may not contain a NUL character."})
+    return name
 
 
 def record_event(
@@ -98,8 +76,16 @@ def job_submit(
         raise PermissionDenied("You can only train your own models.")
     validate_max_workers(max_workers)
     validate_max_workers(devices_per_worker, field="devices_per_worker")
-    env = validate_env_vars(env_vars or {})
-    hp = {**(model.hyper_parameters or {}), **(hyper_parameters or {})}
+    name = validate_job_name(name)
+    words = validate_args(args)
+    env = validate_env_vars(env_vars)
+    if hyper_parameters not in (None, "") and not isinstance(hyper_parameters, dict):
+        validate_hyper_parameters(hyper_parameters)  # says what is wrong with it
+    hp = validate_hyper_parameters({**(model.hyper_parameters or {}), **(hyper_parameters or {})})
+    validate_command_line(words, env, hp)
+    # The model's folder may have changed since it was registered: what the agent would run is
+    # checked now, not after the job took a slot.
+    check_main_file(Path(model.location), model.main_file)
     epochs = hp.get("epochs", 0)
     with transaction.atomic():
         job = TrainingJob.objects.create(
@@ -110,14 +96,14 @@ def job_submit(
             instance_group=instance_group,
             max_workers=max_workers,
             devices_per_worker=devices_per_worker,
-            priority=validate_priority(priority if priority is not None else 5000),
+            priority=validate_priority(priority if priority is not None else bounds.DEFAULT),
             env_vars=env,
-            args=args,
+            args=args or "",
             hyper_parameters=hp,
             epochs=epochs if isinstance(epochs, int) and epochs >= 0 else 0,
             max_restarts=settings.EDT_DEFAULT_MAX_RESTARTS,
         )
-        job.result_dir = str(Path(settings.EDT_RESULT_ROOT) / f"job-{job.pk}")
+        job.result_dir = str(jobfiles.result_folder(job.pk))
         job.save(update_fields=["result_dir"])
         job.transition(states.PENDING)
         record_event(
@@ -150,9 +136,9 @@ def jobs_reorder(*, user, job_ids: list[int]) -> list[TrainingJob]:
 
     The jobs keep the set of priorities they had, redistributed in the new order. Where that
     set has ties (every job at the default 5000, say), they are spread evenly from the lowest
-    up to twice the highest (capped at 10000): dragging job 2 above job 1 at 5000/5000 gives
-    10000/5000, the seed 002 walkthrough's priority change, so a drag changes the shares the
-    user sees and not only the ranking."""
+    up to twice the highest (capped at the maximum): dragging job 2 above job 1 at 5000/5000
+    gives 10000/5000, which turns a 4/4 fair share of 8 slots into 5/3, so a drag changes the
+    shares the user sees and not only the ranking."""
     jobs = list(TrainingJob.objects.visible_to(user).filter(pk__in=job_ids))
     by_id = {job.pk: job for job in jobs}
     missing = [jid for jid in job_ids if jid not in by_id]
@@ -161,13 +147,13 @@ def jobs_reorder(*, user, job_ids: list[int]) -> list[TrainingJob]:
     old = sorted((job.priority for job in jobs), reverse=True)
     n = len(old)
     if len(set(old)) != n:
-        top, bottom = min(PRIORITY_MAX, 2 * old[0]), old[-1]
+        top, bottom = min(bounds.MAX, 2 * old[0]), old[-1]
         if top == bottom:  # all at the maximum already: spread downwards instead
-            bottom = max(PRIORITY_MIN, top // 2)
+            bottom = max(bounds.MIN, top // 2)
         step = (top - bottom) / (n - 1)
         old = [round(top - i * step) for i in range(n)]
         if len(set(old)) != n:  # range too narrow: consecutive values from the top
-            start = max(top, PRIORITY_MIN + n - 1)
+            start = max(top, bounds.MIN + n - 1)
             old = [start - i for i in range(n)]
     with transaction.atomic():
         for jid, priority in zip(job_ids, old, strict=True):
@@ -196,3 +182,34 @@ def job_kill(*, job: TrainingJob, user, reason: str = "") -> TrainingJob:
         record_event(job, "job.stop_requested", message, source=user.get_username())
         wake_scheduler("job.killed", job=job.pk)
     return job
+
+
+def slot_release(*, allocation_id: int, reason: str) -> SlotAllocation | None:
+    """Give a slot back, with why (one of the ``RELEASE_*`` reasons), unless it was given back
+    already, and have the scheduler decide again. The released allocation, or None when it was
+    not held any more."""
+    with transaction.atomic():
+        n = SlotAllocation.objects.filter(pk=allocation_id, released_at__isnull=True).update(
+            released_at=timezone.now(), release_reason=reason
+        )
+        if not n:
+            return None
+        wake_scheduler("slot.released", allocation=allocation_id, why=reason)
+        return SlotAllocation.objects.select_related("host").get(pk=allocation_id)
+
+
+def host_slots_release(*, host_name: str, reason: str) -> list[SlotAllocation]:
+    """Give back every slot still held on a host (its agent is leaving); the allocations
+    released. The caller wakes the scheduler, once for the host."""
+    now = timezone.now()
+    with transaction.atomic():
+        held = list(
+            SlotAllocation.objects.select_for_update()
+            .filter(host__name=host_name, released_at__isnull=True)
+        )
+        SlotAllocation.objects.filter(pk__in=[a.pk for a in held]).update(
+            released_at=now, release_reason=reason
+        )
+    for alloc in held:
+        alloc.released_at, alloc.release_reason = now, reason
+    return held

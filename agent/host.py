@@ -1,0 +1,153 @@
+"""The host agent: one per host. Registers the host, heartbeats its GPUs, and runs a Celery
+worker on the host's own queue (``host.<name>``) that launches and supervises the job processes
+the scheduler puts on this host.
+
+The Celery worker uses the threads pool: every task is a supervisor that mostly waits on a child
+process, so threads are enough, and the children are started by a long-lived thread of this very
+process, which is what lets the kernel kill them with the agent (``PR_SET_PDEATHSIG``). Its
+concurrency (2 x slots + 6) leaves room for one supervisor per slot, the drivers placed here (a
+driver takes no slot; each job's driver goes to a host where it holds one) and control messages
+(reclaim, stop) next to them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import threading
+
+from celery.signals import worker_shutting_down
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from agent.processes import check_job_accounts, end_all
+from agent.supervisor import publish_slot_released, stop_supervising
+from config.celery import app
+from config.control_plane import wake_scheduler
+from jobs.models import RELEASE_HOST_LOST
+from jobs.services import host_slots_release
+from resources.discovery import discover
+from resources.services import host_heartbeat, host_leave, host_queue, host_register
+
+log = logging.getLogger("edt.agent")
+
+
+def leave(*, name: str, reason: str = "agent stopped") -> int:
+    """This host's agent is stopping: the host is UNAVAILABLE at once and its slots are given
+    back, so the scheduler does not wait for the heartbeat timeout. Returns the slots given
+    back."""
+    with transaction.atomic():
+        left = host_leave(name=name, reason=reason)  # wakes the scheduler when it was UP
+        released = host_slots_release(host_name=name, reason=RELEASE_HOST_LOST)
+        for alloc in released:
+            publish_slot_released(alloc, name)
+        if released and not left:
+            wake_scheduler("host.lost", host=name, why=reason)
+    return len(released)
+
+
+class HostAgent:
+    def __init__(
+        self,
+        name: str,
+        *,
+        cpu_slots: int | None = None,
+        address: str = "",
+        heartbeat_s: float | None = None,
+        concurrency: int | None = None,
+        loglevel: str = "INFO",
+    ) -> None:
+        self.name = name
+        self.cpu_slots = settings.EDT_CPU_SLOTS if cpu_slots is None else cpu_slots
+        self.address = address or socket.getfqdn()
+        self.heartbeat_s = float(heartbeat_s or settings.EDT_HEARTBEAT_S)
+        self.concurrency = concurrency
+        self.loglevel = loglevel
+        self.stopping = threading.Event()
+        # Which account runs this host's jobs (``check_job_accounts``), shown on the hosts page.
+        self.accounts: dict[str, object] = {}
+
+    @property
+    def queue(self) -> str:
+        return host_queue(self.name)
+
+    def register(self) -> int:
+        gpus = discover()
+        host_register(
+            name=self.name,
+            address=self.address,
+            cpu_slots=self.cpu_slots,
+            gpus=gpus,
+            info={"python": platform.python_version(), "platform": platform.platform(),
+                  **({"accounts": self.accounts} if self.accounts else {})},
+        )
+        return len(gpus) or self.cpu_slots
+
+    def check_accounts(self) -> None:
+        """Say, before taking work, which account runs this host's jobs: loudly when they all
+        share one, or when their owners' accounts cannot run the interpreter (then no job
+        starts here: each fails at once with the reason)."""
+        report = check_job_accounts()
+        self.accounts = report.as_info()
+        if not report.ok:
+            log.error("agent %s: %s", self.name, report.detail)
+        elif report.mode != "per-user":
+            log.warning("agent %s: %s", self.name, report.detail)
+        else:
+            log.info("agent %s: %s", self.name, report.detail)
+
+    def heartbeat_forever(self) -> None:
+        while not self.stopping.wait(self.heartbeat_s):
+            try:
+                if not host_heartbeat(name=self.name, gpus=discover()):
+                    # Declared lost while we were alive (a pause, a database outage): its slots
+                    # were released and their processes are being ended; offer the host again.
+                    log.warning("host %s was marked unavailable; registering again", self.name)
+                    self.register()
+            except Exception:  # a database hiccup must not stop the heartbeats for good
+                log.exception("heartbeat failed")
+                close_old_connections()
+
+    def run(self) -> None:
+        """Register, heartbeat in a thread, and run the Celery worker until it is stopped."""
+        self.check_accounts()
+        slots = self.register()
+        # Address the driver advertises to workers on other hosts.
+        os.environ.setdefault("EDT_AGENT_ADDRESS", self.address)
+        concurrency = self.concurrency or 2 * slots + 6
+        beat = threading.Thread(target=self.heartbeat_forever, name="edt-heartbeat", daemon=True)
+        beat.start()
+
+        def shutting_down(**_: object) -> None:
+            # Supervisors return at once and end their children, so a warm shutdown is quick.
+            stop_supervising()
+
+        worker_shutting_down.connect(shutting_down, weak=False)
+        log.info("agent %s: queue %s, %d slots, concurrency %d", self.name, self.queue, slots,
+                 concurrency)
+        try:
+            app.worker_main(
+                [
+                    "worker",
+                    "--queues", self.queue,
+                    "--pool", "threads",
+                    "--concurrency", str(concurrency),
+                    "--hostname", f"{self.name}@{socket.gethostname()}",
+                    "--prefetch-multiplier", "1",
+                    # Hosts do not talk to each other through the broker: less Redis traffic and
+                    # no mingle waiting at start-up.
+                    "--without-mingle", "--without-gossip", "--without-heartbeat",
+                    "--loglevel", self.loglevel,
+                ]
+            )
+        finally:
+            self.stopping.set()
+            stop_supervising()
+            end_all()
+            try:
+                released = leave(name=self.name)
+                log.info("agent %s stopped; %d slots released", self.name, released)
+            except Exception:
+                log.exception("could not mark host %s unavailable", self.name)

@@ -1,0 +1,132 @@
+"""The events pipe between a job's process and its host agent, with real processes and the real
+Redis: the runtime's side (``runtime.events`` with ``EDT_EVENTS_FD``) and the agent's relay
+(``agent.relay``). What an attacker writes to the pipe is in
+``tests/security/test_events.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+
+from agent.relay import DRAIN_S, Relay, events_pipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def stream():
+    name = f"edt-test-{uuid.uuid4().hex[:10]}:relay"
+    yield name
+    redis.Redis.from_url(settings.REDIS_URL).delete(name)
+
+
+def _start(code: str, stdout: int | None = None) -> tuple[subprocess.Popen, int]:
+    """``python -c code`` with the write end of an events pipe; returns it and the read end."""
+    with events_pipe() as (read_end, write_end):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=(write_end,), cwd=REPO, stdout=stdout,
+            env={**os.environ, "PYTHONPATH": str(REPO), "EDT_EVENTS_FD": str(write_end)},
+        )
+    return proc, read_end
+
+
+def _published(stream: str) -> list[dict]:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    return [json.loads(f[b"data"]) for _, f in client.xrange(stream)]
+
+
+def test_the_runtime_writes_events_to_the_pipe_and_the_relay_publishes_them_as_its_job(stream):
+    code = """
+from runtime import events
+events.configure(source="worker:somebody-else", job_id="999")
+events.capture_output()
+for i in range(500):
+    events.emit("metrics.train", epoch=0, iteration=i, global_step=i, loss=1.0 / (i + 1))
+print("a line of output")
+events.emit("log", stream="stdout", line="z" * 200_000)
+"""
+    proc, read_end = _start(code)
+    relay = Relay(read_end, proc, job_id=7, source="worker:h1-slot0", url=settings.REDIS_URL,
+                  stream=stream).start()
+    assert proc.wait(60) == 0
+    assert relay.wait(30), "the relay did not finish after its process"
+    published = _published(stream)
+    assert {(e["job_id"], e["source"]) for e in published} == {("7", "worker:h1-slot0")}
+    # In order, none lost; output lines as log events; a huge line shortened, not dropped.
+    assert [e["iteration"] for e in published if e["type"] == "metrics.train"] == list(range(500))
+    logs = [e["line"] for e in published if e["type"] == "log"]
+    assert logs[0] == "a line of output"
+    assert logs[1].startswith("z" * 4096) and "characters cut" in logs[1]
+    assert relay.relayed == 502 and not relay.dropped
+
+
+def test_the_relay_ends_soon_after_its_process_even_if_something_keeps_the_pipe(stream):
+    # The process leaves behind a child of its own that holds the pipe open for a minute.
+    code = """
+import os, subprocess, sys
+fd = int(os.environ["EDT_EVENTS_FD"])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         pass_fds=(fd,), start_new_session=True)
+print(child.pid, flush=True)
+os.write(fd, b'{"type": "log", "line": "last words"}\\n')
+"""
+    proc, read_end = _start(code, stdout=subprocess.PIPE)
+    relay = Relay(read_end, proc, job_id=8, source="driver", url=settings.REDIS_URL,
+                  stream=stream).start()
+    lingering = int(proc.stdout.readline())
+    try:
+        assert proc.wait(60) == 0
+        assert relay.wait(DRAIN_S + 15), "the relay outlived its process"
+    finally:
+        os.kill(lingering, signal.SIGKILL)
+    assert [e["line"] for e in _published(stream)] == ["last words"]
+
+
+def test_emit_never_waits_for_an_agent_that_does_not_read():
+    # Nobody reads the pipe: it fills after a few hundred events, and training must go on.
+    code = """
+import time
+from runtime import events
+events.configure(source="driver", job_id="1")
+start = time.monotonic()
+for i in range(20_000):
+    events.emit("metrics.train", epoch=0, iteration=i, loss=0.5)
+print(f"emitted in {time.monotonic() - start:.2f}s", flush=True)
+"""
+    with events_pipe() as (read_end, write_end):
+        proc = subprocess.run(
+            [sys.executable, "-c", code], pass_fds=(write_end,), cwd=REPO, timeout=120,
+            capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO), "EDT_EVENTS_FD": str(write_end),
+                 "EDT_EVENTS_FLUSH_S": "0.5"},
+        )
+    os.close(read_end)
+    assert proc.returncode == 0 and "emitted in" in proc.stdout, proc.stderr
+
+
+def test_the_runtime_writes_nothing_to_a_descriptor_that_is_not_its_pipe(tmp_path):
+    # A program the job starts may inherit the variable but not the pipe: the same number is
+    # then another file, which must not receive events.
+    target = tmp_path / "innocent.txt"
+    code = f"""
+import os
+fd = os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)
+os.environ["EDT_EVENTS_FD"] = str(fd)
+from runtime import events
+events.configure(source="driver", job_id="1")
+events.emit("log", stream="stdout", line="not for this file")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60, text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert target.read_text() == ""
+    assert "EDT_EVENTS_FD" in proc.stderr and "unusable" in proc.stderr

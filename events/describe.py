@@ -1,0 +1,75 @@
+"""The one-line message a ``JobEvent`` row shows on the job's page, for events that bring none.
+
+One entry per event type; a type without one shows as itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Event = dict[str, Any]
+
+
+def _job_state(e: Event) -> str:
+    return f"Job {e.get('state', '?')}" + (f": {e['error']}" if e.get("error") else "")
+
+
+def _epoch_end(e: Event) -> str:
+    loss = e.get("loss")
+    return f"Epoch {e.get('epoch')} done" + (
+        f", loss {loss:.4g}" if isinstance(loss, int | float) else ""
+    )
+
+
+def _checkpoint_skipped(e: Event) -> str:
+    reason = e.get("reason", "failed its check")
+    return f"Checkpoint of epoch {e.get('epoch')} skipped: {reason}"
+
+
+def _slot_granted(e: Event) -> str:
+    return f"Slot granted on {e.get('host')}:{e.get('slot')}"
+
+
+def _slot_reclaimed(e: Event) -> str:
+    return f"Slot on {e.get('host')}:{e.get('slot')} reclaimed (preemption)"
+
+
+def _slot_released(e: Event) -> str:
+    return f"Slot on {e.get('host')}:{e.get('slot')} released"
+
+
+def _target(e: Event) -> str:
+    return f"Scheduler target: {e.get('target', e.get('new'))} slots"
+
+
+_MESSAGES: dict[str, Callable[[Event], str]] = {
+    # What the runtime reports about the job.
+    "job.state": _job_state,
+    "generation.changed": lambda e: f"Generation {e.get('generation')}: {e.get('size')} workers",
+    "worker.joined": lambda e: f"Worker {e.get('worker_id')} joined (rank {e.get('rank')})",
+    "worker.left": lambda e: f"Worker {e.get('worker_id')} left ({e.get('reason', 'unknown')})",
+    "epoch.end": _epoch_end,
+    "checkpoint.saved": lambda e: f"Checkpoint saved after epoch {e.get('epoch')}",
+    "checkpoint.skipped": _checkpoint_skipped,
+    "checkpoint.failed": (
+        lambda e: f"Checkpoint write failed ({e.get('error', '?')}); training goes on"
+    ),
+    "model.saved": lambda e: f"Model saved ({e.get('format', '?')})",
+    "error": lambda e: str(e.get("message", "Error")),
+    # Allocation changes, under both of their names (see the ``events`` package).
+    "slot.granted": _slot_granted,
+    "allocation.grant": _slot_granted,
+    "slot.reclaim_requested": _slot_reclaimed,
+    "allocation.reclaim": _slot_reclaimed,
+    "slot.released": _slot_released,
+    "allocation.released": _slot_released,
+    "job.target": _target,
+    "allocation.target": _target,
+}
+
+
+def describe(event: Event) -> str:
+    """The message for ``event``; its type when it has none of its own."""
+    message = _MESSAGES.get(event["type"])
+    return message(event) if message is not None else event["type"]

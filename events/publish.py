@@ -1,0 +1,60 @@
+"""Publishing an event from Django-side code: the scheduler, the host agents and the console.
+
+Every event has the same shape (see the ``events`` package): ``type``, ``job_id``, ``source``,
+``ts`` and the type's own fields. The runtime, which has no Django, writes the same shape in
+``runtime/events.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import transaction
+
+from config.control_plane import redis_client
+
+log = logging.getLogger(__name__)
+
+# Redis trims the stream to about this many entries; the consumer reads far faster than that.
+STREAM_MAXLEN = 100_000
+
+
+def stream_name() -> str:
+    """The stream events go through (tests use their own, so parallel runs don't mix)."""
+    return getattr(settings, "EDT_EVENTS_STREAM", None) or os.environ.get(
+        "EDT_EVENTS_STREAM", "edt:events"
+    )
+
+
+def make_event(type: str, job_id: int | str, source: str, **fields: Any) -> dict[str, Any]:  # noqa: A002
+    return {"type": type, "job_id": job_id, "source": source, "ts": time.time(), **fields}
+
+
+def publish(type: str, job_id: int | str, source: str, **fields: Any) -> dict[str, Any]:  # noqa: A002
+    """Append one event to the stream; inside a transaction, once it commits.
+
+    Deferring to the commit matters for allocation events: ingest reads the job's slots from
+    the database, and must see the rows the publisher just wrote."""
+    event = make_event(type, job_id, source, **fields)
+    data = json.dumps(event, default=str)
+
+    def send() -> None:
+        try:
+            redis_client().xadd(
+                stream_name(), {"data": data}, maxlen=STREAM_MAXLEN, approximate=True
+            )
+        except redis.RedisError as exc:
+            # The database holds the truth; a page that missed the event catches up on reload.
+            log.warning("could not publish %s for job %s: %s", type, job_id, exc)
+
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(send)
+    else:
+        send()
+    return event
