@@ -13,6 +13,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from config import service_files
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("EDT_VAR_DIR", BASE_DIR / "var")).resolve()
 
@@ -34,25 +36,10 @@ def env_list(name: str, default: str) -> list[str]:
 
 
 def _local_secret_key() -> str:
-    # A development key that survives restarts (sessions stay valid) and never ships in the repo.
-    path = VAR_DIR / "secret_key"
-    if path.exists():
-        return path.read_text().strip()
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(50)
-    # Written 0600 to a private name, then linked into place: never readable by others,
-    # never seen half-written, and the first of several starting processes wins.
-    tmp = VAR_DIR / f".secret_key.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        key = path.read_text().strip()
-    finally:
-        tmp.unlink()
-    return key
+    # A development key that survives restarts (sessions stay valid), never ships in the repo
+    # and is the service account's alone from the moment it is written.
+    service_files.var_dir(VAR_DIR)
+    return service_files.write_private_once(VAR_DIR / "secret_key", secrets.token_urlsafe(50))
 
 
 DEBUG = env_bool("DEBUG", False)
@@ -80,11 +67,15 @@ INSTALLED_APPS = [
     "datasets",
     "models",
     "jobs",
+    "events",
+    "scheduler",
+    "agent",
     "console",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -115,20 +106,40 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "console.context_processors.console",
             ],
         },
     },
 ]
 
-DATABASES = {
-    "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}",
-        conn_max_age=env_int("DB_CONN_MAX_AGE", 0),
-    )
+# Several processes (web, scheduler, event consumer, agents) share an embedded SQLite file. In
+# the default rollback journal a reader that starts writing inside a deferred transaction gets
+# "database is locked" at once, whatever the timeout: WAL lets readers go on beside the writer,
+# and IMMEDIATE transactions take the write lock up front, where the busy timeout (seconds)
+# applies.
+SQLITE_OPTIONS = {
+    "timeout": env_int("EDT_SQLITE_TIMEOUT_S", 30),
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several processes (web, scheduler, agents) share the file: wait for locks, don't fail.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+
+
+def database(url: str) -> dict:
+    """The database of ``url`` as every process of the product opens it. A SQLite file is
+    created 0600 before SQLite first opens it (SQLite gives its -wal and -shm the same mode):
+    no job's account ever reads the database."""
+    db = dj_database_url.parse(url, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        db.setdefault("OPTIONS", {}).update(SQLITE_OPTIONS)
+        name = str(db["NAME"])
+        if name and ":memory:" not in name and not name.startswith("file:"):
+            service_files.create_private_file(Path(name))
+    return db
+
+
+DATABASES = {
+    "default": database(os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}")
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
@@ -153,6 +164,10 @@ CHANNEL_LAYERS = {
             # every ~5 s. A longer socket timeout lets the BZPOPMIN return first.
             "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
             "prefix": os.environ.get("EDT_CHANNEL_PREFIX", "edt"),
+            # A consumer killed with its web server never leaves its groups; a short expiry
+            # drops it (live consumers renew their membership well before, console.consumers),
+            # so messages stop piling up for it ("over capacity").
+            "group_expiry": env_int("EDT_CHANNEL_GROUP_EXPIRY_S", 120),
         },
     }
 }
@@ -218,15 +233,31 @@ EDT_DEFAULT_MAX_RESTARTS = env_int("EDT_DEFAULT_MAX_RESTARTS", 5)
 EDT_REDIS_PREFIX = os.environ.get("EDT_REDIS_PREFIX", "edt")
 EDT_EVENTS_REDIS_URL = os.environ.get("EDT_EVENTS_REDIS_URL") or None
 EDT_RUN_AS_USER = os.environ.get("EDT_RUN_AS_USER", "")
-# Isolation between users (root agents only): a job runs as uid = gid = this + its owner's id
-# (no passwd entry needed; pick a range no real account uses), its results private to it and
-# the console's group (EDT_SERVICE_GID; default: the group of EDT_RESULT_ROOT). 0: off.
-EDT_RUN_AS_UID_BASE = env_int("EDT_RUN_AS_UID_BASE", 0)
+# Isolation between users, on by default wherever the agent runs as root: a job runs as
+# uid = gid = this + its owner's id (no passwd entry needed; the range from 200000 up is one no
+# real account uses), its results private to it and the console's group (EDT_SERVICE_GID;
+# default: the group of EDT_RESULT_ROOT). EDT_RUN_AS_UID_BASE=0 turns it off (every job runs as
+# the agent's account, root included); EDT_RUN_AS_USER alone runs every job as that one account
+# (no isolation between users). An agent not running as root cannot switch accounts: it says at
+# start-up, in its log and on the hosts page, that all jobs share its account.
+EDT_RUN_AS_UID_BASE = env_int("EDT_RUN_AS_UID_BASE", 0 if EDT_RUN_AS_USER else 200_000)
 EDT_SERVICE_GID = os.environ.get("EDT_SERVICE_GID", "")
+# The interpreter of jobs (default: the agent's own). Under isolation the jobs' accounts must be
+# able to run it and import torch and the runtime: the agent checks at start-up and, when root,
+# makes the folders on the way to it traversable (o+x, never o+r). Point this at a shared
+# environment (e.g. /opt/edt-venv/bin/python) when the agent's own may not be opened up.
 EDT_USER_PYTHON = os.environ.get("EDT_USER_PYTHON", "")
 EDT_SCHEDULER_LOCK_TTL_S = env_int("EDT_SCHEDULER_LOCK_TTL_S", 10)
 EDT_CPU_ONLY_HIDE_GPUS = env_bool("EDT_CPU_ONLY_HIDE_GPUS", True)
+# The address job drivers listen on. Empty: the host's registered address (--address of the
+# agent), or 127.0.0.1 when that is empty or loopback; every connection must prove the job's
+# secret anyway. Set it (e.g. to this host's cluster-network IP) when other hosts reach this
+# one by a name that resolves to loopback here. 0.0.0.0 listens on every interface.
+EDT_DRIVER_HOST = os.environ.get("EDT_DRIVER_HOST", "")
 EDT_FABRIC_HOME = Path(os.environ.get("EDT_FABRIC_HOME", VAR_DIR / "fabric")).resolve()
+# var/ is 0711 and everything in it the service account's alone, but for the folders jobs reach.
+service_files.secure_var_dir(VAR_DIR, [*EDT_DATA_ROOTS, *EDT_MODEL_ROOTS, EDT_RESULT_ROOT,
+                                       EDT_UPLOAD_ROOT, EDT_FABRIC_HOME])
 EDT_WMLA_TOKEN_TTL_S = env_int("EDT_WMLA_TOKEN_TTL_S", 8 * 3600)  # WMLA's logon tokens: 8 h
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
@@ -247,8 +278,17 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
+    # JSON nested past EDT_JSON_MAX_DEPTH is a 400, not a RecursionError (500).
+    "DEFAULT_PARSER_CLASSES": [
+        "console.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
 }
+EDT_JSON_MAX_DEPTH = env_int("EDT_JSON_MAX_DEPTH", 64)
 
+# /api/schema/ and /api/docs/ are for signed-in users unless this is set.
+EDT_PUBLIC_API_DOCS = env_bool("EDT_PUBLIC_API_DOCS", False)
 SPECTACULAR_SETTINGS = {
     "TITLE": "Elastic Distributed Training console API",
     "DESCRIPTION": "Datasets, models, training jobs, hosts and instance groups.",
@@ -282,7 +322,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "edt"
 # How long Redis keeps a delivered, unacknowledged message before it hands it out again. With
 # early acks only a message whose ack was lost (the connection dropped between delivery and
-# ack) comes back; a launch delivered twice starts one process (see jobs/tasks.py).
+# ack) comes back; a launch delivered twice starts one process (see agent/tasks.py).
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("EDT_BROKER_VISIBILITY_TIMEOUT_S", 3600),
 }

@@ -8,6 +8,8 @@ import tarfile
 import uuid
 import zipfile
 import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -45,57 +47,90 @@ def new_upload_dir(uploads: Path) -> Path:
     return dest
 
 
-def extract_archive(fileobj: BinaryIO, dest: Path, *, max_bytes: int | None = None) -> Path:
+def extract_archive(
+    fileobj: BinaryIO,
+    dest: Path,
+    *,
+    max_bytes: int | None = None,
+    before_write: Callable[[int], None] | None = None,
+) -> Path:
     """Extract ``fileobj`` into ``dest`` after checking every member; a damaged archive is a
-    ValidationError like any other refusal."""
+    ValidationError like any other refusal. ``before_write(total)`` is called with the unpacked
+    size the archive declares once every check passed and before anything is written (the
+    upload quota's check); what it raises stops the extraction."""
     try:
-        return _extract(fileobj, dest, max_bytes=max_bytes)
+        return _extract(fileobj, dest, max_bytes=max_bytes, before_write=before_write)
     except DAMAGED as exc:
         raise ValidationError(f"The archive is damaged or encrypted: {exc}") from exc
 
 
-def _extract(fileobj: BinaryIO, dest: Path, *, max_bytes: int | None = None) -> Path:
+@dataclass(frozen=True)
+class _Limits:
+    max_bytes: int
+    max_members: int
+    before_write: Callable[[int], None] | None
+
+    def check_count(self, count: int) -> None:
+        if count > self.max_members:
+            raise ValidationError(f"The archive has more than {self.max_members} members.")
+
+    def admit(self, total: int) -> None:
+        """The last check before anything is written: the unpacked size."""
+        if total > self.max_bytes:
+            raise ValidationError(f"The archive expands to more than {self.max_bytes} bytes.")
+        if self.before_write is not None:
+            self.before_write(total)
+
+
+def _extract(fileobj: BinaryIO, dest: Path, *, max_bytes: int | None = None,
+             before_write: Callable[[int], None] | None = None) -> Path:
     """Extract ``fileobj`` into ``dest`` after checking every member; nothing is written when a
     check fails. Returns ``dest``."""
-    max_bytes = max_bytes or settings.EDT_MAX_UPLOAD_BYTES
-    max_members = settings.EDT_MAX_ARCHIVE_MEMBERS
+    limits = _Limits(max_bytes or settings.EDT_MAX_UPLOAD_BYTES,
+                     settings.EDT_MAX_ARCHIVE_MEMBERS, before_write)
     fileobj.seek(0)
-    if zipfile.is_zipfile(fileobj):
-        fileobj.seek(0)
-        with zipfile.ZipFile(fileobj) as archive:
-            infos = archive.infolist()
-            if len(infos) > max_members:
-                raise ValidationError(f"The archive has more than {max_members} members.")
-            total = 0
-            for info in infos:
-                _check_member(info.filename)
-                if (info.external_attr >> 16) & 0o170000 == 0o120000:
-                    raise ValidationError(f"The archive member '{info.filename}' is a symlink.")
-                total += info.file_size
-            if total > max_bytes:
-                raise ValidationError(f"The archive expands to more than {max_bytes} bytes.")
-            dest.mkdir(parents=True, exist_ok=True)
-            archive.extractall(dest, members=infos)  # noqa: S202 (members checked above)
-        return dest
+    is_zip = zipfile.is_zipfile(fileobj)
     fileobj.seek(0)
+    if is_zip:
+        _extract_zip(fileobj, dest, limits)
+    else:
+        _extract_tar(fileobj, dest, limits)
+    return dest
+
+
+def _extract_zip(fileobj: BinaryIO, dest: Path, limits: _Limits) -> None:
+    with zipfile.ZipFile(fileobj) as archive:
+        infos = archive.infolist()
+        limits.check_count(len(infos))
+        limits.admit(sum(_zip_member_size(info) for info in infos))
+        dest.mkdir(parents=True, exist_ok=True)
+        archive.extractall(dest, members=infos)  # noqa: S202 (members checked above)
+
+
+def _zip_member_size(info: zipfile.ZipInfo) -> int:
+    _check_member(info.filename)
+    if (info.external_attr >> 16) & 0o170000 == 0o120000:
+        raise ValidationError(f"The archive member '{info.filename}' is a symlink.")
+    return info.file_size
+
+
+def _extract_tar(fileobj: BinaryIO, dest: Path, limits: _Limits) -> None:
     try:
         archive = tarfile.open(fileobj=fileobj, mode="r:*")
     except tarfile.TarError as exc:
         raise ValidationError("The file is not a zip, tar or tar.gz archive.") from exc
     with archive:
         members = archive.getmembers()
-        if len(members) > max_members:
-            raise ValidationError(f"The archive has more than {max_members} members.")
-        total = 0
-        for member in members:
-            _check_member(member.name)
-            if member.issym() or member.islnk():
-                raise ValidationError(f"The archive member '{member.name}' is a link.")
-            if not (member.isfile() or member.isdir()):
-                raise ValidationError(f"The archive member '{member.name}' is not a regular file.")
-            total += member.size
-        if total > max_bytes:
-            raise ValidationError(f"The archive expands to more than {max_bytes} bytes.")
+        limits.check_count(len(members))
+        limits.admit(sum(_tar_member_size(member) for member in members))
         dest.mkdir(parents=True, exist_ok=True)
         archive.extractall(dest, filter="data")  # noqa: S202 (members checked above)
-    return dest
+
+
+def _tar_member_size(member: tarfile.TarInfo) -> int:
+    _check_member(member.name)
+    if member.issym() or member.islnk():
+        raise ValidationError(f"The archive member '{member.name}' is a link.")
+    if not (member.isfile() or member.isdir()):
+        raise ValidationError(f"The archive member '{member.name}' is not a regular file.")
+    return member.size

@@ -1,4 +1,5 @@
-"""Datasets: a train folder and a test folder on the shared file system (type "Any")."""
+"""Datasets: a train folder and a test folder on the shared file system (type "Any"), and the
+folders the product unpacked uploaded archives into."""
 
 from __future__ import annotations
 
@@ -9,6 +10,32 @@ from django.utils import timezone
 from config.ownership import OwnedQuerySet
 
 
+class Upload(models.Model):
+    """One folder the product created to unpack an uploaded archive (a dataset's or a model's).
+
+    Its ``size`` counts towards the owner's upload quota; deleting the row (directly, or with
+    the dataset or model that uses it) removes the folder once the deletion commits. Only these
+    folders are ever removed: a folder a user typed when registering a dataset is theirs."""
+
+    class Kind(models.TextChoices):
+        DATASET = "dataset", "Dataset"
+        MODEL = "model", "Model"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="uploads"
+    )
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    folder = models.CharField(max_length=1024, unique=True)
+    size = models.BigIntegerField(default=0, help_text="Bytes of the unpacked files.")
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created"]
+
+    def __str__(self) -> str:
+        return self.folder
+
+
 class Dataset(models.Model):
     class Type(models.TextChoices):
         ANY = "Any", "Any"
@@ -16,18 +43,24 @@ class Dataset(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="datasets"
     )
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=100)
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.ANY)
     description = models.TextField(blank=True)
     train_path = models.CharField(max_length=1024, help_text="Folder with the training data.")
     test_path = models.CharField(max_length=1024, help_text="Folder with the test data.")
     uploaded = models.BooleanField(default=False, help_text="Created from an uploaded archive.")
+    upload = models.OneToOneField(
+        Upload, null=True, blank=True, on_delete=models.SET_NULL, related_name="dataset"
+    )
     created = models.DateTimeField(default=timezone.now)
 
     objects = OwnedQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="dataset_name_unique_per_owner")
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -2,37 +2,38 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import BinaryIO
 
-from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
-from datasets.archives import extract_archive, new_upload_dir
-from datasets.models import Dataset
-from datasets.paths import confine
+from config.ownership import is_admin
+from datasets.models import Dataset, Upload
+from datasets.paths import dataset_folder
+from datasets.uploads import unpacked
 
 
-def _check_name(name: str) -> str:
+def _check_name(name: str, owner) -> str:
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": "A dataset needs a name."})
-    if Dataset.objects.filter(name=name).exists():
-        raise ValidationError({"name": f"A dataset named '{name}' already exists."})
+    # Names are unique per owner: the message speaks of the owner's own datasets alone, so it
+    # says nothing of the names other users chose.
+    if Dataset.objects.filter(owner=owner, name=name).exists():
+        raise ValidationError({"name": f"You already have a dataset named '{name}'."})
     return name
 
 
 def dataset_create(
     *, owner, name: str, train_path: str, test_path: str, description: str = ""
 ) -> Dataset:
-    name = _check_name(name)
+    name = _check_name(name, owner)
     errors = {}
     resolved = {}
     for field, value in (("train_path", train_path), ("test_path", test_path)):
         try:
-            resolved[field] = str(confine(value, settings.EDT_DATA_ROOTS))
+            resolved[field] = str(dataset_folder(value, owner=owner))
         except ValidationError as exc:
             errors[field] = exc.messages
     if errors:
@@ -56,13 +57,11 @@ def _pick(folder: Path, prefix: str) -> Path:
 def dataset_create_from_archive(
     *, owner, name: str, archive: BinaryIO, description: str = ""
 ) -> Dataset:
-    name = _check_name(name)
-    dest = new_upload_dir(settings.EDT_UPLOAD_ROOT / "datasets")
-    try:
-        try:
-            extract_archive(archive, dest)
-        except ValidationError as exc:
-            raise ValidationError({"archive": exc.messages}) from exc
+    """Unpack an archive holding ``train*/`` and ``test*/`` into a folder of its own, charged to
+    the owner's upload quota (``datasets.uploads``), and register it."""
+    name = _check_name(name, owner)
+    with unpacked(owner=owner, kind=Upload.Kind.DATASET, archive=archive) as upload:
+        dest = Path(upload.folder)
         train, test = _pick(dest, "train"), _pick(dest, "test")
         with transaction.atomic():
             return Dataset.objects.create(
@@ -72,7 +71,16 @@ def dataset_create_from_archive(
                 train_path=str(train),
                 test_path=str(test),
                 uploaded=True,
+                upload=upload,
             )
-    except Exception:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise
+
+
+def dataset_delete(*, dataset: Dataset, user) -> None:
+    """Delete a dataset; an uploaded one's folder goes with it once the deletion commits.
+
+    A dataset that a model or a job (running or ended) still uses is kept: the database
+    refuses (``ProtectedError``, a 409 that names them), so a job never loses its data
+    mid-run and an ended job's record still says what it trained on."""
+    if dataset.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("You can only delete your own datasets.")
+    dataset.delete()

@@ -27,10 +27,18 @@ class ModelDefinition(models.Model):
     location = models.CharField(max_length=1024, help_text="Folder with the model's code.")
     main_file = models.CharField(max_length=255, default="main.py")
     engine = models.CharField(max_length=8, choices=Engine.choices, default=Engine.EDT)
+    # None only for a model a WMLA submission made without a data path (its jobs run without
+    # DATA_DIR, as on WMLA); the console's and /api/v1's forms still require one.
     dataset = models.ForeignKey(
-        "datasets.Dataset", on_delete=models.PROTECT, related_name="model_definitions"
+        "datasets.Dataset", on_delete=models.PROTECT, related_name="model_definitions",
+        null=True,
     )
     hyper_parameters = models.JSONField(default=dict, blank=True)
+    # The folder the product unpacked an uploaded model into (None: a folder the user named).
+    upload = models.OneToOneField(
+        "datasets.Upload", null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="model_definition",
+    )
     created = models.DateTimeField(default=timezone.now)
 
     objects = OwnedQuerySet.as_manager()

@@ -95,16 +95,19 @@ class ResourceGroup(models.Model):
         hosts = Host.objects.all() if self.selection == self.Selection.ALL else self.hosts.all()
         return hosts.prefetch_related("gpus")
 
-    def slots_for(self, host: Host) -> int:
-        if self.slots_mode == self.SlotsMode.STATIC:
-            return self.static_slots
-        return host.ngpus or host.cpu_slots
-
     def slots_by_host(self) -> dict[int, int]:
-        """Slots each available host offers now: host id -> count."""
+        """Slots each available member host offers now: host id -> count. The one slot rule:
+        the static number, else one slot per GPU, else the host's CPU slots. One aggregate
+        query, not a row per host and GPU: the scheduler asks on every cycle, over thousands
+        of hosts."""
+        hosts = Host.objects.all() if self.selection == self.Selection.ALL else self.hosts.all()
+        hosts = hosts.filter(state=Host.State.UP)
+        if self.slots_mode == self.SlotsMode.STATIC:
+            return {pk: self.static_slots for pk in hosts.values_list("pk", flat=True)}
+        counted = hosts.annotate(gpu_count=models.Count("gpus"))
         return {
-            host.id: self.slots_for(host)
-            for host in self.member_hosts().filter(state=Host.State.UP)
+            pk: gpu_count or cpu_slots
+            for pk, gpu_count, cpu_slots in counted.values_list("pk", "gpu_count", "cpu_slots")
         }
 
 

@@ -8,19 +8,11 @@ from collections.abc import Sequence
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.notify import wake_scheduler
+from config.control_plane import wake_scheduler
 from resources.discovery import GpuInfo
 from resources.models import GPU, Host
 
 log = logging.getLogger("edt.hosts")
-
-
-def _publish(job_id: int, type: str, source: str, **fields: object) -> None:
-    try:
-        from jobs.events import publish  # noqa: PLC0415 - the console's event pipeline
-    except ImportError:  # pragma: no cover
-        return
-    publish(type, job_id, source, **fields)
 
 
 def host_queue(name: str) -> str:
@@ -90,27 +82,13 @@ def host_heartbeat(*, name: str, gpus: Sequence[GpuInfo] = ()) -> bool:
     return True
 
 
-def host_leave(*, name: str, reason: str = "agent stopped") -> int:
-    """An agent shutting down: the host is UNAVAILABLE at once and its slots are released, so
-    the scheduler does not wait for the heartbeat timeout. Returns the slots released."""
-    from jobs.models import SlotAllocation  # noqa: PLC0415 - resources must not need jobs
-
-    now = timezone.now()
-    with transaction.atomic():
-        n = Host.objects.filter(name=name, state=Host.State.UP).update(
-            state=Host.State.UNAVAILABLE
-        )
-        held = list(
-            SlotAllocation.objects.select_for_update()
-            .filter(host__name=name, released_at__isnull=True)
-            .values_list("pk", "job_id", "slot", "worker_id")
-        )
-        released = SlotAllocation.objects.filter(pk__in=[h[0] for h in held]).update(
-            released_at=now, release_reason="host_lost"
-        )
-        for _, job_id, slot, worker_id in held:
-            _publish(job_id, "slot.released", f"agent:{name}", host=name, slot=slot,
-                     worker_id=worker_id, reason="host_lost")
-        if n or released:
-            wake_scheduler("host.lost", host=name, why=reason)
-    return released
+def host_leave(*, name: str, reason: str = "agent stopped") -> bool:
+    """An agent shutting down: the host is UNAVAILABLE at once, so the scheduler does not wait
+    for the heartbeat timeout. False when it was not UP. Its slots are the jobs' business: the
+    agent gives them back (``agent.host.leave``)."""
+    left = Host.objects.filter(name=name, state=Host.State.UP).update(
+        state=Host.State.UNAVAILABLE
+    )
+    if left:
+        wake_scheduler("host.lost", host=name, why=reason)
+    return bool(left)

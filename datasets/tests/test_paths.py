@@ -14,12 +14,12 @@ pytestmark = pytest.mark.django_db
 
 
 def test_it_accepts_a_folder_inside_a_root(roots):
-    folder = roots["data"] / "cifar" / "train_db"
+    folder = roots["alice"] / "cifar" / "train_db"
     assert confine(str(folder), [roots["data"]]) == folder
 
 
 def test_it_resolves_relative_paths_against_the_first_root(roots):
-    assert confine("cifar/test_db", [roots["data"]]) == roots["data"] / "cifar" / "test_db"
+    assert confine("alice/cifar/test_db", [roots["data"]]) == roots["alice"] / "cifar" / "test_db"
 
 
 @pytest.mark.parametrize("path", ["../etc", "cifar/../../x", "/etc", "", "  "])
@@ -44,7 +44,7 @@ def test_create_names_the_field_at_fault(roots, owner):
         services.dataset_create(
             owner=owner,
             name="d",
-            train_path=str(roots["data"] / "cifar" / "train_db"),
+            train_path=str(roots["alice"] / "cifar" / "train_db"),
             test_path="../../etc",
         )
     assert set(err.value.message_dict) == {"test_path"}
@@ -52,7 +52,7 @@ def test_create_names_the_field_at_fault(roots, owner):
 
 
 def test_names_are_unique(dataset, owner, roots):
-    with pytest.raises(ValidationError, match="already exists"):
+    with pytest.raises(ValidationError, match="already have"):
         services.dataset_create(
             owner=owner, name=dataset.name, train_path="cifar/train_db", test_path="cifar/test_db"
         )

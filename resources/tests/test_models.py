@@ -34,3 +34,12 @@ def test_unavailable_hosts_offer_no_slots(cluster):
     host.state = Host.State.UNAVAILABLE
     host.save()
     assert cluster["resource_group"].slots_by_host() == {cluster["hosts"][0].id: 4}
+
+
+def test_slots_are_counted_in_one_query_however_many_hosts(cluster, django_assert_num_queries):
+    for n in range(20):
+        host = Host.objects.create(name=f"gpu-{n}", cpu_slots=2)
+        GPU.objects.create(host=host, index=0, uuid=f"GPU-one-{n}")
+    with django_assert_num_queries(1):
+        slots = cluster["resource_group"].slots_by_host()
+    assert len(slots) == 22 and sorted(set(slots.values())) == [1, 4]
