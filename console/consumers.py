@@ -1,6 +1,6 @@
 """Live pages over WebSockets: one consumer per job page, one per instance group dashboard.
 
-Both join Channels groups that ``jobs.events.ingest`` sends to. A user joins a job's group only
+Both join Channels groups that ``events.ingest`` sends to. A user joins a job's group only
 if ``visible_to`` lets them see the job; on a dashboard every signed-in user may watch the
 cluster's totals, but the job-level details of a job they may not see are stripped before they
 reach the browser.
@@ -8,19 +8,28 @@ reach the browser.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from config.ownership import is_admin
-from jobs.events import instance_group_group, job_group
+from events.fanout import instance_group_group, job_group
 from jobs.models import TrainingJob
 from resources.models import InstanceGroup
 
 # Close codes the pages understand: 4401 = sign in again, 4403/4404 = stop retrying.
 UNAUTHENTICATED = 4401
 FORBIDDEN = 4403
+
+
+def refresh_period(layer) -> float:
+    """How often a live consumer renews its group memberships: well within the layer's
+    ``group_expiry`` (``EDT_CHANNEL_GROUP_EXPIRY_S``), after which a member that stopped renewing
+    (its web server was killed, so it never left) drops out of the group."""
+    return max(0.5, getattr(layer, "group_expiry", 86400) / 4)
 
 
 class _LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -38,9 +47,24 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined.append(group)
+        self.renewal = asyncio.create_task(self._stay_in_groups())
         await self.accept()
 
+    async def _stay_in_groups(self) -> None:
+        # A consumer that dies with its process never runs disconnect(): its membership is only
+        # good until the group expiry, so a live one re-adds itself before then.
+        period = refresh_period(self.channel_layer)
+        while True:
+            await asyncio.sleep(period)
+            for group in self.groups_joined:
+                await self.channel_layer.group_add(group, self.channel_name)
+
     async def disconnect(self, code: int) -> None:
+        renewal = getattr(self, "renewal", None)
+        if renewal is not None:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 

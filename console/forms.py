@@ -7,9 +7,9 @@ from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from jobs.models import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN
+from jobs import priority as priority_bounds
 from models.models import ModelDefinition
-from models.services import OPTIMIZERS
+from models.validation import BATCH_SIZE_MAX, EPOCHS_MAX, FLOAT_MAX, OPTIMIZERS
 from resources.models import Host, InstanceGroup, ResourceGroup
 
 
@@ -108,13 +108,16 @@ class ModelDefinitionForm(forms.Form):
         label="Training engine", choices=ModelDefinition.Engine.choices
     )
     dataset = forms.ModelChoiceField(queryset=None)
-    epochs = forms.IntegerField(min_value=1, max_value=100000, initial=5)
-    batch_size = forms.IntegerField(label="Batch size", min_value=1, max_value=1_000_000,
+    # The bounds are models.validation's, which the service checks again for every interface.
+    epochs = forms.IntegerField(min_value=1, max_value=EPOCHS_MAX, initial=5)
+    batch_size = forms.IntegerField(label="Batch size", min_value=1, max_value=BATCH_SIZE_MAX,
                                     initial=64)
-    learning_rate = forms.FloatField(label="Base learning rate", min_value=0, initial=0.01)
+    learning_rate = forms.FloatField(label="Base learning rate", min_value=0,
+                                     max_value=FLOAT_MAX, initial=0.01)
     optimizer = forms.ChoiceField(choices=[(o, o) for o in OPTIMIZERS], initial="SGD")
-    momentum = forms.FloatField(min_value=0, required=False)
-    weight_decay = forms.FloatField(label="Weight decay", min_value=0, required=False)
+    momentum = forms.FloatField(min_value=0, max_value=FLOAT_MAX, required=False)
+    weight_decay = forms.FloatField(label="Weight decay", min_value=0, max_value=FLOAT_MAX,
+                                    required=False)
 
     STEP_ONE = ("framework", "name", "location", "archive", "main_file", "description")
 
@@ -145,9 +148,20 @@ class TrainForm(forms.Form):
     )
     devices_per_worker = forms.IntegerField(label="Devices per worker", min_value=1, initial=1)
     priority = forms.IntegerField(
-        min_value=PRIORITY_MIN, max_value=PRIORITY_MAX, initial=PRIORITY_DEFAULT
+        min_value=priority_bounds.MIN,
+        max_value=priority_bounds.MAX,
+        initial=priority_bounds.DEFAULT,
     )
     name = forms.CharField(max_length=200, required=False, help_text="Optional; the model's name.")
+    args = forms.CharField(
+        label="Arguments", required=False, strip=False,
+        help_text="Optional; passed to the main file as on a command line, e.g. --lr 0.1.",
+    )
+    env_vars = forms.CharField(
+        label="Environment variables", required=False, strip=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Optional; one NAME=value a line, e.g. EDT_PULL_FAILED_LIMITS=3.",
+    )
 
     def __init__(self, *args, models, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -156,9 +170,21 @@ class TrainForm(forms.Form):
         # The service enforces the limit; the browser hint just saves a round trip.
         self.fields["max_workers"].widget.attrs["max"] = settings.EDT_MAX_WORKERS_LIMIT
 
+    def clean_env_vars(self) -> dict[str, str]:
+        """``NAME=value`` lines as a dict; the names and values are the service's to judge."""
+        env: dict[str, str] = {}
+        for number, line in enumerate(self.cleaned_data.get("env_vars", "").splitlines(), 1):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep or not name.strip():
+                raise ValidationError(f"Line {number} is not NAME=value.")
+            env[name.strip()] = value
+        return env
+
 
 class PriorityForm(forms.Form):
-    priority = forms.IntegerField(min_value=PRIORITY_MIN, max_value=PRIORITY_MAX)
+    priority = forms.IntegerField(min_value=priority_bounds.MIN, max_value=priority_bounds.MAX)
 
 
 class ReorderForm(forms.Form):

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from config.ownership import is_admin
 from datasets.models import Dataset
-from jobs import events, states
+from events import logs
+from events.fanout import cluster_usage
+from jobs import jobfiles, states
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from models.models import ModelDefinition
 from resources.models import Host, InstanceGroup
 
 # How far back the allocation charts reach when a page loads.
 CHART_WINDOW = timedelta(hours=6)
-RESULT_FOLDERS = ("model", "checkpoint")
 
 
 def datasets_for_user(*, user) -> QuerySet[Dataset]:
@@ -128,7 +127,7 @@ def cluster_chart(*, instance_group: InstanceGroup, user) -> dict[str, Any]:
     return {
         "times": data["times"],
         "jobs": jobs,
-        "cluster": events.cluster_usage(instance_group.pk),
+        "cluster": cluster_usage(instance_group.pk),
         "now": _ms(now),
     }
 
@@ -165,11 +164,11 @@ def job_events(*, job: TrainingJob, limit: int = 200) -> list[JobEvent]:
 def job_log(*, job: TrainingJob, source: str = "", limit: int = 200) -> list[dict[str, Any]]:
     if not job.result_dir:
         return []
-    return events.read_log(job.result_dir, source=source, limit=limit)
+    return logs.read_log(job.result_dir, source=source, limit=limit)
 
 
 def job_log_sources(*, job: TrainingJob) -> list[str]:
-    return events.log_sources(job.result_dir) if job.result_dir else []
+    return logs.log_sources(job.result_dir) if job.result_dir else []
 
 
 @dataclass(frozen=True)
@@ -182,29 +181,16 @@ def job_results(*, job: TrainingJob) -> list[ResultFile]:
     """Checkpoints, the final model and its ONNX export, the logs."""
     if not job.result_dir:
         return []
-    root = Path(job.result_dir)
-    found = []
-    for folder in (*RESULT_FOLDERS, "log"):
-        base = root / folder
-        if not base.is_dir():
-            continue
-        for path in sorted(base.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                found.append(ResultFile(str(path.relative_to(root)), path.stat().st_size))
-    return found
+    return [ResultFile(path, size) for path, size in jobfiles.list_downloads(job.result_dir)]
 
 
-def result_file(*, job: TrainingJob, relative: str) -> Path | None:
-    """The file a download link names, if it really lies in the job's result folder."""
+def result_file(*, job: TrainingJob, relative: str) -> BinaryIO | None:
+    """The file a download link names, already open, if it really is one of the job's results
+    (the job owns the folder and may swap in a link at any moment: opened without following
+    one, never checked by path and opened later)."""
     if not job.result_dir or not relative:
         return None
-    root = Path(job.result_dir).resolve()
-    target = (root / relative).resolve()
-    if root not in target.parents or not target.is_file():
-        return None
-    if target.relative_to(root).parts[0] not in (*RESULT_FOLDERS, "log"):
-        return None
-    return target
+    return jobfiles.open_download(job.result_dir, relative)
 
 
 def pending_jobs(*, instance_group: InstanceGroup, user) -> list[TrainingJob]:
@@ -221,7 +207,7 @@ def instance_group_summaries(*, user) -> list[dict[str, Any]]:
     return [
         {
             "group": group,
-            "cluster": events.cluster_usage(group.pk),
+            "cluster": cluster_usage(group.pk),
             "running": TrainingJob.objects.visible_to(user)
             .filter(instance_group=group, state__in=states.ACTIVE)
             .count(),
@@ -239,7 +225,3 @@ def hosts_overview() -> list[dict[str, Any]]:
         held[host_id] = held.get(host_id, 0) + 1
     return [{"host": host, "gpus": list(host.gpus.all()), "held": held.get(host.pk, 0)}
             for host in hosts]
-
-
-def can_manage_cluster(user) -> bool:
-    return is_admin(user)

@@ -10,15 +10,19 @@ from functools import wraps
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import ProtectedError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from config.ownership import is_admin
 from console import forms, selectors
+from console.api.errors import in_use_message
 from datasets import services as dataset_services
-from jobs import events, states
+from events.fanout import cluster_usage
+from events.logs import read_log_after
 from jobs import services as job_services
+from jobs import states
 from jobs.models import TrainingJob
 from models import services as model_services
 from resources.models import InstanceGroup, ResourceGroup
@@ -107,7 +111,7 @@ def instance_group_dashboard(request: HttpRequest, pk: int) -> HttpResponse:
     group = get_object_or_404(InstanceGroup.objects.select_related("resource_group"), pk=pk)
     context = {
         "group": group,
-        "cluster": events.cluster_usage(group.pk),
+        "cluster": cluster_usage(group.pk),
         "pending": selectors.pending_jobs(instance_group=group, user=request.user),
         "jobs": selectors.jobs_for_user(user=request.user)
         .filter(instance_group=group, state__in=states.ACTIVE)
@@ -142,6 +146,7 @@ def dataset_new(request: HttpRequest) -> HttpResponse:
 @login_required
 def dataset_new_any(request: HttpRequest) -> HttpResponse:
     form = forms.DatasetForm(request.POST or None, request.FILES or None)
+    status = 200
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
@@ -157,11 +162,37 @@ def dataset_new_any(request: HttpRequest) -> HttpResponse:
                 )
         except ValidationError as exc:
             forms.add_service_errors(form, exc)
+            status = _refusal_status(exc)
         else:
             messages.success(request, f"Dataset {dataset.name} created.")
             return redirect("datasets")
-    status = 400 if form.errors else 200
+    if form.errors and status == 200:
+        status = 400
     return render(request, "console/dataset_form.html", {"form": form}, status=status)
+
+
+def _refusal_status(exc: ValidationError) -> int:
+    """400, or the status a service's refusal carries (the upload quota's 413)."""
+    return getattr(exc, "status_code", 400)
+
+
+def _delete(request: HttpRequest, obj, delete, what: str, back: str) -> HttpResponse:
+    """Delete ``obj`` with the service ``delete``; one still in use stays, and the page says by
+    what (jobs and models must go first: their records point at it)."""
+    try:
+        delete(user=request.user, **{what: obj})
+    except ProtectedError as exc:
+        messages.error(request, in_use_message(exc, request.user))
+    else:
+        messages.success(request, f"{what.capitalize()} {obj.name} deleted.")
+    return redirect(back)
+
+
+@require_POST
+@login_required
+def dataset_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    dataset = get_object_or_404(selectors.datasets_for_user(user=request.user), pk=pk)
+    return _delete(request, dataset, dataset_services.dataset_delete, "dataset", "datasets")
 
 
 @login_required
@@ -176,6 +207,7 @@ def model_new(request: HttpRequest) -> HttpResponse:
         request.POST or None, request.FILES or None,
         datasets=selectors.datasets_for_user(user=request.user),
     )
+    status = 200
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         fields = {
@@ -191,12 +223,21 @@ def model_new(request: HttpRequest) -> HttpResponse:
                 model = model_services.model_create(location=data["location"], **fields)
         except ValidationError as exc:
             forms.add_service_errors(form, exc, aliases={"archive": "archive"})
+            status = _refusal_status(exc)
         else:
             messages.success(request, f"Model {model.name} added.")
             return redirect("models")
     step = form.step_with_errors() if form.errors else 0
-    status = 400 if form.errors else 200
+    if form.errors and status == 200:
+        status = 400
     return render(request, "console/model_form.html", {"form": form, "step": step}, status=status)
+
+
+@require_POST
+@login_required
+def model_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(selectors.models_for_user(user=request.user), pk=pk)
+    return _delete(request, model, model_services.model_delete, "model", "models")
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -218,7 +259,8 @@ def train(request: HttpRequest, model_id: int | None = None) -> HttpResponse:
             job = job_services.job_submit(
                 user=request.user, model=data["model"], instance_group=data["instance_group"],
                 max_workers=data["max_workers"], devices_per_worker=data["devices_per_worker"],
-                priority=data["priority"], name=data["name"],
+                priority=data["priority"], name=data["name"], args=data["args"],
+                env_vars=data["env_vars"],
             )
         except ValidationError as exc:
             forms.add_service_errors(form, exc)
@@ -352,7 +394,7 @@ def job_history(request: HttpRequest, pk: int) -> JsonResponse:
         if after is None:
             return _bad_parameter("log_after", "must be a log line id such as 1700000000000-0")
         log, log_more = (
-            events.read_log_after(job.result_dir, after, LOG_PAGE)
+            read_log_after(job.result_dir, after, LOG_PAGE)
             if job.result_dir else ([], False)
         )
     else:
@@ -389,7 +431,8 @@ def job_results(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def job_result_download(request: HttpRequest, pk: int, path: str) -> FileResponse:
     job = _visible_job(request, pk)
-    target = selectors.result_file(job=job, relative=path)
-    if target is None:
+    handle = selectors.result_file(job=job, relative=path)
+    if handle is None:
         raise Http404("No such result file.")
-    return FileResponse(target.open("rb"), as_attachment=True, filename=target.name)
+    # Streamed from the file opened above: the path is never looked at again.
+    return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])

@@ -7,7 +7,8 @@ from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
 from datasets.models import Dataset
-from jobs.models import PRIORITY_MAX, PRIORITY_MIN, JobEvent, JobMetric, SlotAllocation, TrainingJob
+from jobs import priority as priority_bounds
+from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from models.models import ModelDefinition
 from resources.models import GPU, Host, InstanceGroup, ResourceGroup
 
@@ -170,7 +171,9 @@ class JobSubmitSerializer(serializers.Serializer):
     max_workers = serializers.IntegerField(min_value=1)
     devices_per_worker = serializers.IntegerField(min_value=1, default=1)
     priority = serializers.IntegerField(
-        min_value=PRIORITY_MIN, max_value=PRIORITY_MAX, default=5000
+        min_value=priority_bounds.MIN,
+        max_value=priority_bounds.MAX,
+        default=priority_bounds.DEFAULT,
     )
     env_vars = serializers.DictField(
         child=serializers.CharField(allow_blank=True), required=False, default=dict
@@ -187,7 +190,9 @@ class JobSubmitSerializer(serializers.Serializer):
 
 
 class JobPrioritySerializer(serializers.Serializer):
-    priority = serializers.IntegerField(min_value=PRIORITY_MIN, max_value=PRIORITY_MAX)
+    priority = serializers.IntegerField(
+        min_value=priority_bounds.MIN, max_value=priority_bounds.MAX
+    )
 
 
 class JobReorderSerializer(serializers.Serializer):

@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 from django.contrib.auth import authenticate
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action, api_view, permission_classes, throttle_classes
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied, ValidationError
+from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.response import Response
 
+from config.ownership import is_admin
 from console.api import serializers as s
+from console.api.errors import call_service
 from datasets import services as dataset_services
 from datasets.models import Dataset
 from jobs import services as job_services
@@ -28,15 +29,7 @@ class IsAdminOrReadOnly(permissions.BasePermission):
     def has_permission(self, request, view) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
-        return request.method in permissions.SAFE_METHODS or request.user.is_staff
-
-
-def _service(call, *args, **kwargs):
-    """Run a service, turning its PermissionDenied into DRF's (403) for the API."""
-    try:
-        return call(*args, **kwargs)
-    except DjangoPermissionDenied as exc:
-        raise PermissionDenied(str(exc)) from exc
+        return request.method in permissions.SAFE_METHODS or is_admin(request.user)
 
 
 class HostViewSet(viewsets.ModelViewSet):
@@ -107,6 +100,10 @@ class DatasetViewSet(viewsets.ModelViewSet):
     def perform_update(self, serializer):
         _update_only(serializer, self.UPDATABLE)
 
+    def perform_destroy(self, instance):
+        # An uploaded dataset's folder is removed with it; one still in use is a 409.
+        call_service(dataset_services.dataset_delete, dataset=instance, user=self.request.user)
+
     @extend_schema(request=s.DatasetUploadSerializer, responses={201: s.DatasetSerializer})
     @action(detail=False, methods=["post"])
     def upload(self, request):
@@ -158,6 +155,10 @@ class ModelDefinitionViewSet(viewsets.ModelViewSet):
             )
         _update_only(serializer, self.UPDATABLE)
 
+    def perform_destroy(self, instance):
+        # An uploaded model's folder is removed with it; one a job uses is a 409.
+        call_service(model_services.model_delete, model=instance, user=self.request.user)
+
 
 class JobViewSet(
     mixins.ListModelMixin,
@@ -180,7 +181,7 @@ class JobViewSet(
         """Submit a training job (the console's Train button)."""
         form = s.JobSubmitSerializer(data=request.data, context={"request": request})
         form.is_valid(raise_exception=True)
-        job = _service(job_services.job_submit, user=request.user, **form.validated_data)
+        job = call_service(job_services.job_submit, user=request.user, **form.validated_data)
         return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.JobPrioritySerializer, responses={200: s.JobSerializer})
@@ -189,7 +190,7 @@ class JobViewSet(
         job = self.get_object()
         form = s.JobPrioritySerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        _service(
+        call_service(
             job_services.job_set_priority,
             job=job,
             priority=form.validated_data["priority"],
@@ -211,7 +212,7 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def kill(self, request, pk=None):
         """Stop the job: cooperative, workers leave at the next iteration boundary."""
-        job = _service(job_services.job_kill, job=self.get_object(), user=request.user)
+        job = call_service(job_services.job_kill, job=self.get_object(), user=request.user)
         return Response(
             s.JobSerializer(self.get_queryset().get(pk=job.pk)).data,
             status=status.HTTP_202_ACCEPTED,
@@ -223,7 +224,7 @@ class JobViewSet(
         """Reassign priorities so they follow the given order of job ids (first = highest)."""
         form = s.JobReorderSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        jobs = _service(
+        jobs = call_service(
             job_services.jobs_reorder, user=request.user, job_ids=form.validated_data["order"]
         )
         return Response(s.JobSerializer(jobs, many=True).data)

@@ -17,29 +17,29 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import getpass
 import json
 import os
 import shutil
+import socket
 import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 
 DLI_REST = "/platform/rest/deeplearning/v1"
-ACTIVE_STATES = {"SUBMITTED", "PENDING_CRD_SCHEDULER", "LAUNCHING", "RUNNING", "RECOVERING"}
+# Seconds: the https probe of a bare host, connecting, and waiting for an answer.
+PROBE_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0
 TERMINAL_STATES = {"FINISHED", "KILLED", "ERROR"}
 MODEL_DIR_SUFFIX = ".modelDir.tar"
 
-COMMANDS = (
-    "--logon", "--logoff", "--status", "--dl-frameworks", "--exec-start", "--exec-get",
-    "--exec-get-all", "--exec-stop", "--exec-delete", "--exec-outlogs", "--exec-errlogs",
-    "--exec-trainlogs", "--exec-trainoutlogs", "--exec-trainerrlogs", "--exec-trainresult",
-    "--exec-priority", "--exec-watch",
-)
 LOG_TYPES = {
     "--exec-outlogs": "outlog",
     "--exec-errlogs": "errlog",
@@ -47,6 +47,10 @@ LOG_TYPES = {
     "--exec-trainoutlogs": "outlog",
     "--exec-trainerrlogs": "errlog",
 }
+# As WMLA's dlicmd: --exec-outlogs / --exec-errlogs print each process's own output (driver, then
+# every executor), read through the scheduler view; the --exec-train* flags print the training
+# log (ELog lines) of /execs/{id}/log.
+PROCESS_LOGS = {"--exec-outlogs": "stdout", "--exec-errlogs": "stderr"}
 # Options that tell dlicmd where and how to connect: never part of the submitted args string.
 CONNECTION_OPTIONS_WITH_VALUE = (
     "--rest-host", "--master-host", "--rest-port", "--dli-rest-port", "--username",
@@ -136,10 +140,12 @@ def print_help() -> None:
    dlicmd --exec-priority <exec-id> <1..10000>
 
 Connection options:
-   --rest-host    Server host name; or a URL (http://host:8000). https is tried first.
+   --rest-host    Server host name; or a URL (http://host:8000). https is tried first (for
+                  2 s at most), then http.
    --rest-port    Server port (default: none, as for an OpenShift route).
    --jwt-token    Use this token instead of the one saved by --logon.
-   --insecure     Do not verify the TLS certificate.
+   --insecure     Do not verify the TLS certificate (e.g. the console's self-signed one);
+                  given at --logon, it holds for the commands that use that logon.
 Other options:
    -o json        JSON output for --exec-get-all and --dl-frameworks.
    --interval S   Seconds between refreshes of --exec-watch (default 2).
@@ -207,13 +213,66 @@ class Client:
         headers = {"Accept": accept, **kwargs.pop("headers", {})}
         if self.token and "auth" not in kwargs:
             headers["Authorization"] = "Bearer " + self.token
+        read_timeout = kwargs.pop("timeout", READ_TIMEOUT_S)
         try:
-            timeout = kwargs.pop("timeout", 60)
             return requests.request(
-                method, url, headers=headers, verify=self.verify, timeout=timeout, **kwargs
+                method, url, headers=headers, verify=self.verify,
+                timeout=(CONNECT_TIMEOUT_S, read_timeout), **kwargs,
             )
         except requests.exceptions.RequestException as exc:
-            raise CliError(f"Cannot reach {url}: {exc}") from exc
+            raise network_error(exc, url) from None
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it wraps: urllib3's reason, then each cause or context."""
+    found: list[BaseException] = []
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or any(item is s for s in found) or len(found) > 20:
+            continue
+        found.append(item)
+        todo += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args]
+    return found
+
+
+def _server(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.netloc else url
+
+
+def _deepest_reason(exc: BaseException) -> str:
+    text = str(_causes(exc)[-1]) or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+def network_error(exc: BaseException, url: str | None = None) -> CliError:
+    """One line for a request that got no HTTP answer: which server, what went wrong, what to
+    do. Never a traceback."""
+    if url is None:
+        url = getattr(getattr(exc, "request", None), "url", None) or "the server"
+    where = _server(url)
+    causes = _causes(exc)
+    hint = "check --rest-host and --rest-port"
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return CliError(f"{where}: the server's TLS certificate cannot be verified (self-signed?). "
+                        "Pass --insecure, or name its CA with REQUESTS_CA_BUNDLE=<file>.")
+    if isinstance(exc, requests.exceptions.SSLError):
+        return CliError(f"{where}: the TLS handshake failed ({_deepest_reason(exc)}); {hint}, "
+                        "or name the scheme: --rest-host http://<host>:<port>.")
+    if any(isinstance(c, socket.gaierror) for c in causes):
+        host = urlsplit(url).hostname or url
+        return CliError(f"Cannot resolve the host name {host!r}: check --rest-host.")
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return CliError(f"{where} did not accept a connection within {CONNECT_TIMEOUT_S:g} s: "
+                        f"{hint}, and that no firewall blocks the port.")
+    if isinstance(exc, requests.exceptions.Timeout):
+        return CliError(f"{where} accepted the connection but did not answer in time: is the "
+                        f"console running there? {hint[0].upper()}{hint[1:]}.")
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return CliError(f"Nothing answers at {where} (connection refused): start the console "
+                        f"(./edt up) or {hint}.")
+    return CliError(f"Cannot reach {where}: {_deepest_reason(exc)}; {hint}.")
 
 
 def _disable_tls_warnings() -> None:
@@ -227,25 +286,32 @@ def _disable_tls_warnings() -> None:
 
 def resolve_base_url(host: str, port: int, verify: bool) -> str:
     """``host[:port]`` -> a base URL. A URL is used as given; a bare host is tried with https
-    first and http second, as WMLA's dlicmd does."""
+    first and http second, as WMLA's dlicmd does. The https probe waits ``PROBE_TIMEOUT_S`` at
+    most: a plain-http server either answers the TLS hello with an error at once, or (daphne)
+    keeps the connection open without a word."""
     if host.startswith(("http://", "https://")):
         return host.rstrip("/")
     suffix = f":{port}" if port and port > 0 else ""
-    https = f"https://{host}{suffix}"
+    https, http = f"https://{host}{suffix}", f"http://{host}{suffix}"
     try:
-        requests.get(https + "/", timeout=10, verify=verify, allow_redirects=False)
+        requests.get(https + "/", timeout=PROBE_TIMEOUT_S, verify=verify,
+                     allow_redirects=False, stream=True).close()
         return https
     except requests.exceptions.SSLError as exc:
         if "CERTIFICATE_VERIFY_FAILED" in str(exc):
             # It speaks TLS with a certificate we cannot check: never fall back to plain http.
-            raise CliError(
-                f"{https}: the TLS certificate cannot be verified ({exc}). Install the CA "
-                "certificate (REQUESTS_CA_BUNDLE=...) or pass --insecure."
-            ) from exc
-        return f"http://{host}{suffix}"
-    except requests.exceptions.ConnectionError:
-        # Nothing speaks TLS there (or nothing at all); http gives the clearer error if so.
-        return f"http://{host}{suffix}"
+            raise network_error(exc, https) from None
+        return http  # Something answered the TLS hello in plain text.
+    except requests.exceptions.ConnectTimeout as exc:
+        if suffix:  # http would wait on the same silent port.
+            raise network_error(exc, http) from None
+        return http
+    except requests.exceptions.Timeout:
+        return http  # It took the connection but never spoke TLS: a plain-http server.
+    except requests.exceptions.ConnectionError as exc:
+        if suffix or any(isinstance(c, socket.gaierror) for c in _causes(exc)):
+            raise network_error(exc, http) from None
+        return http  # Nothing on 443; port 80 may answer.
 
 
 def fail_response(resp, action: str) -> int:
@@ -303,7 +369,7 @@ def cmd_logon(flags, verify: bool) -> int:
         raise CliError("Logon failed: the server sent no accessToken.")
     save_session(
         {"token": token, "base_url": base, "username": username,
-         "expires_at": body.get("expiresAt")}
+         "expires_at": body.get("expiresAt"), "insecure": not verify}
     )
     print(f"Logged on to {base} as {username}; the token is valid until "
           f"{body.get('expiresAt', '?')} and saved in {token_file()}.")
@@ -322,6 +388,44 @@ def cmd_logoff(client: Client) -> int:
     return 0
 
 
+def _model_upload(flags) -> tuple[str, str | None]:
+    """The file to upload, and the temporary file to remove afterwards: the model folder as a
+    tar.gz (as WMLA's dlicmd sends it), or the lone main file as itself."""
+    if not flags.model_dir:
+        if not Path(flags.model_main).is_file():
+            raise CliError(f"--model-main {flags.model_main} is not a file")
+        return flags.model_main, None
+    folder = Path(flags.model_dir.rstrip("/\\"))
+    if not folder.is_dir():
+        raise CliError(f"--model-dir {flags.model_dir} is not a folder")
+    if flags.model_main and not (folder / flags.model_main).is_file():
+        raise CliError(f"--model-main {flags.model_main} is not a file in {folder}")
+    temp = _pack_folder(folder)
+    return temp, temp
+
+
+def _pack_folder(folder: Path) -> str:
+    fd, temp = tempfile.mkstemp(MODEL_DIR_SUFFIX)
+    os.close(fd)
+    print("Copying files and directories ...", file=sys.stderr)
+    try:
+        with tarfile.open(temp, "w:gz") as tar:
+            tar.add(str(folder), arcname=folder.resolve().name)
+    except BaseException:
+        os.remove(temp)
+        raise
+    return temp
+
+
+def _data_form(flags) -> dict | None:
+    if not flags.data_source:
+        return None
+    try:
+        return {"data": json.dumps({"dataSource": json.loads(flags.data_source)})}
+    except ValueError as exc:
+        raise CliError(f"--data-source is not valid JSON: {exc}") from exc
+
+
 def cmd_exec_start(client: Client, flags, argv: list[str]) -> int:
     if flags.framework is None:
         raise CliError("--exec-start needs a framework name (see --dl-frameworks)")
@@ -329,29 +433,9 @@ def cmd_exec_start(client: Client, flags, argv: list[str]) -> int:
         raise CliError("--model-main (and usually --model-dir) is required")
     temp = None
     try:
-        if flags.model_dir:
-            folder = Path(flags.model_dir.rstrip("/\\"))
-            if not folder.is_dir():
-                raise CliError(f"--model-dir {flags.model_dir} is not a folder")
-            if flags.model_main and not (folder / flags.model_main).is_file():
-                raise CliError(f"--model-main {flags.model_main} is not a file in {folder}")
-            fd, temp = tempfile.mkstemp(MODEL_DIR_SUFFIX)
-            os.close(fd)
-            print("Copying files and directories ...", file=sys.stderr)
-            with tarfile.open(temp, "w:gz") as tar:
-                tar.add(str(folder), arcname=folder.resolve().name)
-            upload = temp
-        else:
-            upload = flags.model_main
-            if not Path(upload).is_file():
-                raise CliError(f"--model-main {upload} is not a file")
+        upload, temp = _model_upload(flags)
         print(f"Content size: {os.path.getsize(upload)} bytes", file=sys.stderr)
-        data = None
-        if flags.data_source:
-            try:
-                data = {"data": json.dumps({"dataSource": json.loads(flags.data_source)})}
-            except ValueError as exc:
-                raise CliError(f"--data-source is not valid JSON: {exc}") from exc
+        data = _data_form(flags)
         params = {"args": submitted_args(argv)}
         with open(upload, "rb") as handle:
             resp = client.request(
@@ -368,7 +452,7 @@ def cmd_exec_start(client: Client, flags, argv: list[str]) -> int:
     return 0
 
 
-def cmd_exec_get_all(client: Client, flags) -> int:
+def cmd_exec_get_all(client: Client, flags, argv: list[str]) -> int:
     url = client.dli + "/execs" + (f"?{flags.query_args}" if flags.query_args else "")
     resp = client.request("GET", url)
     if not resp.ok:
@@ -395,7 +479,7 @@ def cmd_exec_get_all(client: Client, flags) -> int:
     return 0
 
 
-def cmd_frameworks(client: Client, flags) -> int:
+def cmd_frameworks(client: Client, flags, argv: list[str]) -> int:
     resp = client.request("GET", client.dli + "/execs/frameworks")
     if not resp.ok:
         return fail_response(resp, "List frameworks")
@@ -412,7 +496,7 @@ def cmd_frameworks(client: Client, flags) -> int:
     return 0
 
 
-def cmd_exec_result(client: Client, exec_id: str) -> int:
+def cmd_exec_result(client: Client, flags, exec_id: str) -> int:
     resp = client.request("GET", f"{client.dli}/execs/{exec_id}/result", accept="text/plain",
                           stream=True, timeout=600)
     if not resp.ok:
@@ -458,135 +542,237 @@ def watch_line(e: dict) -> str:
     return "  ".join(parts)
 
 
-def cmd_exec_watch(client: Client, exec_id: str, interval: float, timeout: float) -> int:
-    """Poll the exec and show its state, slots and progress until it ends. On a terminal one
-    line is redrawn in place and kept whenever the state or the slot count changes."""
-    tty = sys.stdout.isatty()
+class WatchView:
+    """Shows each poll of ``--exec-watch``. On a terminal one line is redrawn in place and kept
+    whenever the state or the slot count changes; elsewhere a line is printed per change."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.last_key: tuple | None = None
+        self.last_progress = None
+
+    def show(self, e: dict) -> None:
+        line = watch_line(e)
+        key = (e.get("state"), e.get("workers"), e.get("targetWorkers"), e.get("priority"))
+        if self.tty:
+            width = shutil.get_terminal_size((120, 24)).columns
+            end = "\n" if key != self.last_key and self.last_key is not None else ""
+            sys.stdout.write(end + "\r" + line[:width].ljust(min(width, 200)))
+            sys.stdout.flush()
+        elif key != self.last_key or e.get("progress") != self.last_progress:
+            print(line, flush=True)
+        self.last_key, self.last_progress = key, e.get("progress")
+
+    def close(self) -> None:
+        if self.tty:
+            print()
+
+
+def cmd_exec_watch(client: Client, flags, exec_id: str) -> int:
+    """Poll the exec and show its state, slots and progress until it ends (or until
+    ``--watch-timeout``): 0 when it finished, 1 when it failed or was killed, 2 on timeout."""
+    view = WatchView(sys.stdout.isatty())
+    timeout = flags.watch_timeout
     deadline = time.monotonic() + timeout if timeout > 0 else None
-    last_key = last_progress = None
     while True:
         resp = client.request("GET", f"{client.dli}/execs/{exec_id}")
         if not resp.ok:
             return fail_response(resp, f"Watch exec {exec_id}")
         e = resp.json()
-        line = watch_line(e)
-        key = (e.get("state"), e.get("workers"), e.get("targetWorkers"), e.get("priority"))
-        if tty:
-            width = shutil.get_terminal_size((120, 24)).columns
-            end = "\n" if key != last_key and last_key is not None else ""
-            sys.stdout.write(end + "\r" + line[:width].ljust(min(width, 200)))
-            sys.stdout.flush()
-        elif key != last_key or e.get("progress") != last_progress:
-            print(line, flush=True)
-        last_key, last_progress = key, e.get("progress")
+        view.show(e)
         state = e.get("state")
         if state in TERMINAL_STATES:
-            if tty:
-                print()
+            view.close()
             error = f" ({e['error']})" if e.get("error") else ""
             print(f"Exec {e.get('id')} ended: {state}{error}")
             return 0 if state == "FINISHED" else 1
         if deadline is not None and time.monotonic() >= deadline:
-            if tty:
-                print()
+            view.close()
             print(f"Stopped watching exec {e.get('id')} after {timeout:g} s; it is {state}.")
             return 2
-        time.sleep(max(interval, 0.1))
+        time.sleep(max(flags.interval, 0.1))
+
+
+def cmd_status(client: Client, flags, argv: list[str]) -> int:
+    resp = client.request("GET", client.dli + "/status")
+    if not resp.ok:
+        return fail_response(resp, "Status")
+    pprint_json(resp.json())
+    return 0
+
+
+def cmd_exec_priority(client: Client, flags, argv: list[str]) -> int:
+    exec_id, priority = flags.exec_priority
+    resp = client.request("POST", f"{client.dli}/execs/{exec_id}/priority",
+                          json={"priority": priority})
+    if not resp.ok:
+        return fail_response(resp, f"Set priority of exec {exec_id}")
+    print(f"Priority of exec {resp.json()['id']} is now {resp.json()['priority']}.")
+    return 0
+
+
+def cmd_exec_get(client: Client, flags, exec_id: str) -> int:
+    resp = client.request("GET", f"{client.dli}/execs/{exec_id}")
+    if not resp.ok:
+        return fail_response(resp, f"Get exec {exec_id}")
+    pprint_json(resp.json())
+    return 0
+
+
+def cmd_exec_stop(client: Client, flags, exec_id: str) -> int:
+    resp = client.request("POST", f"{client.dli}/execs/{exec_id}/stop")
+    if not resp.ok:
+        return fail_response(resp, f"Stop exec {exec_id}")
+    state = resp.json()["state"]
+    print(f"Stop exec {exec_id} succeed. HTTP:{resp.status_code} state {state}")
+    return 0
+
+
+def cmd_exec_delete(client: Client, flags, exec_id: str) -> int:
+    resp = client.request("DELETE", f"{client.dli}/execs/{exec_id}")
+    if not resp.ok:
+        return fail_response(resp, f"Delete exec {exec_id}")
+    print(f"Delete exec {exec_id} succeed. HTTP:{resp.status_code}")
+    return 0
+
+
+def cmd_process_logs(client: Client, flags, exec_id: str, stream: str) -> int:
+    """The driver's and each executor's ``stream`` (stdout or stderr), one after the other."""
+    resp = client.request("GET", f"{client.dli}/execs/{exec_id}")
+    if not resp.ok:
+        return fail_response(resp, f"Get logs of exec {exec_id}")
+    app = resp.json()["appId"]
+    resp = client.request("GET", f"{client.dli}/scheduler/applications",
+                          params={"applicationid": app})
+    if not resp.ok or not resp.json():
+        return fail_response(resp, f"Get logs of exec {exec_id}")
+    executors = resp.json()[0].get("task12n") or []
+    paths = [("driver", f"{app}/driver/logs/{stream}")] + [
+        (f"executor {n}", f"{app}/executor/{n}/logs/{stream}")
+        for n in range(1, len(executors) + 1)
+    ]
+    for name, path in paths:
+        resp = client.request("GET", f"{client.dli}/scheduler/applications/{path}",
+                              accept="text/plain")
+        if not resp.ok:
+            return fail_response(resp, f"Get the {name}'s {stream} of exec {exec_id}")
+        print(f"==== {name} {stream} ====")
+        _print_text(resp.text)
+    return 0
+
+
+def cmd_exec_logs(client: Client, flags, exec_id: str, log_type: str) -> int:
+    resp = client.request("GET", f"{client.dli}/execs/{exec_id}/log",
+                          params={"logType": log_type}, accept="text/plain")
+    if not resp.ok:
+        return fail_response(resp, f"Get logs of exec {exec_id}")
+    _print_text(resp.text)
+    return 0
+
+
+def _print_text(text: str) -> None:
+    """A log as the server sent it, ending with exactly the newline it may lack."""
+    sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
+
+
+# The commands that act on the server, called with (client, flags, argv), and those that act on
+# one exec, called with (client, flags, exec id). --logon and --logoff come before a token.
+SERVER_COMMANDS = {
+    "--status": cmd_status,
+    "--dl-frameworks": cmd_frameworks,
+    "--exec-start": cmd_exec_start,
+    "--exec-get-all": cmd_exec_get_all,
+    "--exec-priority": cmd_exec_priority,
+}
+EXEC_COMMANDS = {
+    "--exec-get": cmd_exec_get,
+    "--exec-stop": cmd_exec_stop,
+    "--exec-delete": cmd_exec_delete,
+    "--exec-trainresult": cmd_exec_result,
+    "--exec-watch": cmd_exec_watch,
+    **{flag: functools.partial(cmd_exec_logs, log_type=kind) for flag, kind in LOG_TYPES.items()},
+    **{flag: functools.partial(cmd_process_logs, stream=s) for flag, s in PROCESS_LOGS.items()},
+}
+COMMANDS = ("--logon", "--logoff", *SERVER_COMMANDS, *EXEC_COMMANDS)
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The first word of ``argv`` that names a command (``--exec-get=ID`` names --exec-get)."""
+    for word in argv:
+        name = word.split("=", 1)[0]
+        if name in COMMANDS:
+            return name
+    return None
+
+
+def same_server(base_url: str | None, host: str, port: int) -> bool:
+    """Whether ``--rest-host host --rest-port port`` names the server of ``base_url``."""
+    if not base_url or host.startswith(("http://", "https://")):
+        return bool(base_url) and base_url == host.rstrip("/")
+    parts = urlsplit(base_url)
+    try:
+        saved_port = parts.port
+    except ValueError:
+        return False
+    wanted = port if port and port > 0 else None
+    return parts.hostname == host.strip("[]").lower() and saved_port == wanted
+
+
+def connect(flags, verify: bool) -> Client:
+    """A client for the server named by ``--rest-host``, else the one of the last logon, with
+    ``--jwt-token`` or the saved token. The server of the last logon is trusted as it was then
+    (``--insecure`` at logon holds for the commands after it)."""
+    session = load_session()
+    token = flags.jwt_token or session.get("token")
+    if flags.rest_host and not same_server(session.get("base_url"), flags.rest_host,
+                                           flags.rest_port):
+        return Client(resolve_base_url(flags.rest_host, flags.rest_port, verify), token, verify)
+    if not session.get("base_url"):
+        raise CliError("--rest-host is required (or run dlicmd --logon --rest-host ... first)")
+    # Probed at logon: no second probe for each command.
+    if session.get("insecure") and verify:
+        verify = False
+        _disable_tls_warnings()
+    return Client(session["base_url"], token, verify)
 
 
 def run(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print_help()
         return 0 if argv else 1
-    command = next((a for a in argv if a.split("=", 1)[0] in COMMANDS), None)
+    command = command_of(argv)
     if command is None:
         print_help()
         return 1
-    command = command.split("=", 1)[0]
-    own, user_args = split_user_args(argv)
+    own, _user_args = split_user_args(argv)
     flags, _unknown = build_parser().parse_known_args(own)
     verify = not flags.insecure
     if not verify:
         _disable_tls_warnings()
     if command == "--logon":
         return cmd_logon(flags, verify)
-
-    session = load_session()
-    token = flags.jwt_token or session.get("token")
-    if flags.rest_host:
-        base = resolve_base_url(flags.rest_host, flags.rest_port, verify)
-    elif session.get("base_url"):
-        base = session["base_url"]
-    else:
-        raise CliError("--rest-host is required (or run dlicmd --logon --rest-host ... first)")
-    client = Client(base, token, verify)
+    client = connect(flags, verify)
     if command == "--logoff":
         return cmd_logoff(client)
-    if not token:
+    if not client.token:
         raise CliError("Unable to find a token. Please log on first: dlicmd --logon ...")
-
-    if command == "--status":
-        resp = client.request("GET", client.dli + "/status")
-        if not resp.ok:
-            return fail_response(resp, "Status")
-        pprint_json(resp.json())
-        return 0
-    if command == "--dl-frameworks":
-        return cmd_frameworks(client, flags)
-    if command == "--exec-start":
-        return cmd_exec_start(client, flags, argv)
-    if command == "--exec-get-all":
-        return cmd_exec_get_all(client, flags)
-    if command == "--exec-priority":
-        exec_id, priority = flags.exec_priority
-        resp = client.request("POST", f"{client.dli}/execs/{exec_id}/priority",
-                              json={"priority": priority})
-        if not resp.ok:
-            return fail_response(resp, f"Set priority of exec {exec_id}")
-        print(f"Priority of exec {resp.json()['id']} is now {resp.json()['priority']}.")
-        return 0
-    exec_id = flags.exec_id
-    if not exec_id:
-        raise CliError(f"{command} needs an exec id")
-    if command == "--exec-get":
-        resp = client.request("GET", f"{client.dli}/execs/{exec_id}")
-        if not resp.ok:
-            return fail_response(resp, f"Get exec {exec_id}")
-        pprint_json(resp.json())
-        return 0
-    if command == "--exec-stop":
-        resp = client.request("POST", f"{client.dli}/execs/{exec_id}/stop")
-        if not resp.ok:
-            return fail_response(resp, f"Stop exec {exec_id}")
-        state = resp.json()["state"]
-        print(f"Stop exec {exec_id} succeed. HTTP:{resp.status_code} state {state}")
-        return 0
-    if command == "--exec-delete":
-        resp = client.request("DELETE", f"{client.dli}/execs/{exec_id}")
-        if not resp.ok:
-            return fail_response(resp, f"Delete exec {exec_id}")
-        print(f"Delete exec {exec_id} succeed. HTTP:{resp.status_code}")
-        return 0
-    if command in LOG_TYPES:
-        resp = client.request("GET", f"{client.dli}/execs/{exec_id}/log",
-                              params={"logType": LOG_TYPES[command]}, accept="text/plain")
-        if not resp.ok:
-            return fail_response(resp, f"Get logs of exec {exec_id}")
-        text = resp.text
-        sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
-        return 0
-    if command == "--exec-trainresult":
-        return cmd_exec_result(client, exec_id)
-    if command == "--exec-watch":
-        return cmd_exec_watch(client, exec_id, flags.interval, flags.watch_timeout)
-    print_help()
-    return 1
+    if command in EXEC_COMMANDS:
+        if not flags.exec_id:
+            raise CliError(f"{command} needs an exec id")
+        return EXEC_COMMANDS[command](client, flags, flags.exec_id)
+    return SERVER_COMMANDS[command](client, flags, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         return run(list(sys.argv[1:] if argv is None else argv))
     except CliError as exc:
+        print(f"[Error]: {exc}", file=sys.stderr)
+        return 1
+    except requests.exceptions.RequestException as exc:  # e.g. cut off during a download
+        print(f"[Error]: {network_error(exc)}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file that cannot be read or written
         print(f"[Error]: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

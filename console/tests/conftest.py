@@ -9,10 +9,10 @@ import pytest
 def quiet_channels(settings):
     """For tests of pages and views, not of the live path: events stay off the shared Redis,
     and a fast hasher keeps modules that create many users quick."""
-    from jobs import events
+    from events.ingest import clear_caches
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    events.clear_caches()
+    clear_caches()
     yield
-    events.clear_caches()
+    clear_caches()

@@ -65,6 +65,14 @@ def test_only_admins_manage_the_cluster(api, owner, admin, cluster):
     assert created.json()["reclaim_grace_s"] == 120
 
 
+def test_a_superuser_without_staff_status_manages_the_cluster(api, django_user_model, cluster):
+    boss = django_user_model.objects.create_user("boss", password="boss-pass-1234",
+                                                 is_superuser=True)
+    body = {"name": "ig3", "resource_group": cluster["resource_group"].pk, "policy": "fifo",
+            "preemption": False}
+    assert api(boss).post("/api/v1/instance-groups/", body, format="json").status_code == 201
+
+
 def test_an_unknown_policy_is_a_400_naming_the_field(api, admin, cluster):
     rg = cluster["resource_group"].pk
     body = {"name": "ig3", "resource_group": rg, "policy": "lottery"}

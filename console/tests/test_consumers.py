@@ -11,7 +11,8 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from jobs import events
+from events.ingest import clear_caches
+from events.ingest import ingest as ingest_event
 from jobs.models import SlotAllocation
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,9 +31,9 @@ def isolated(settings):
         }
     }
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    events.clear_caches()
+    clear_caches()
     yield
-    events.clear_caches()
+    clear_caches()
 
 
 def headers_for(user, origin: str = "http://testserver") -> list[tuple[bytes, bytes]]:
@@ -57,7 +58,7 @@ def log_event(job, line: str, ts: float = 1.0) -> dict:
             "stream": "stdout", "line": line}
 
 
-ingest = database_sync_to_async(events.ingest)
+ingest = database_sync_to_async(ingest_event)
 
 
 def test_the_owner_receives_the_jobs_events_live(owner, job):

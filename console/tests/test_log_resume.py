@@ -10,7 +10,8 @@ import pytest
 from django.urls import reverse
 
 from console import views
-from jobs import events
+from events.ingest import ingest_many
+from events.logs import read_log_after
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quiet_channels")]
 
@@ -23,7 +24,7 @@ def log_lines(job, count: int, *, first: int = 1) -> list[str]:
                                  "ts": 1e9 + n, "stream": "stdout", "line": f"line {n}"})
         for n in range(first, first + count)
     ]
-    assert events.ingest_many(items) == count
+    assert ingest_many(items) == count
     return [stream_id for stream_id, _ in items]
 
 
@@ -133,7 +134,7 @@ def test_the_search_agrees_with_a_full_scan_for_every_offset(tmp_path):
     for after in [(0, 0), *[views._log_id(r["id"]) for r in with_ids], (999, 0)]:
         want = [r for r in with_ids if views._log_id(r["id"]) > after]
         for limit in (1, 7, 100):
-            got, more = events.read_log_after(str(tmp_path), after, limit)
+            got, more = read_log_after(str(tmp_path), after, limit)
             assert got == want[:limit], (after, limit)
             assert more is (len(want) > limit), (after, limit)
 
@@ -143,9 +144,9 @@ def test_a_line_still_being_written_is_left_for_the_next_page(tmp_path):
     write_log(path, [{"id": "1-0", "line": "a"}, {"id": "2-0", "line": "b"}])
     with path.open("a") as fh:
         fh.write('{"id": "3-0", "li')  # ingest is halfway through this line
-    got, more = events.read_log_after(str(tmp_path), (1, 0), 10)
+    got, more = read_log_after(str(tmp_path), (1, 0), 10)
     assert ([r["line"] for r in got], more) == (["b"], False)
     with path.open("a") as fh:
         fh.write('ne": "c"}\n')
-    got, _ = events.read_log_after(str(tmp_path), (2, 0), 10)
+    got, _ = read_log_after(str(tmp_path), (2, 0), 10)
     assert [r["line"] for r in got] == ["c"]

@@ -129,6 +129,21 @@ def test_a_user_cannot_manage_the_cluster(browser, owner, cluster, name):
     assert client.post(reverse(name), {"name": "x"}).status_code == 403
 
 
+@pytest.mark.parametrize("flags", [{"is_staff": True}, {"is_superuser": True}])
+def test_staff_and_superusers_alike_see_the_admin_links(browser, django_user_model, cluster,
+                                                        flags):
+    user = django_user_model.objects.create_user("boss", password="boss-pass-1234", **flags)
+    body = browser(user).get(reverse("instance-groups")).content.decode()
+    assert "(admin)" in body
+    assert reverse("instance-group-new") in body
+
+
+def test_a_user_sees_no_admin_links(browser, owner, cluster):
+    body = browser(owner).get(reverse("instance-groups")).content.decode()
+    assert "(admin)" not in body
+    assert reverse("instance-group-new") not in body
+
+
 def test_the_hosts_page_lists_gpus_and_held_slots(browser, admin, job, cluster):
     from resources.models import GPU
 
@@ -151,7 +166,7 @@ def test_a_dataset_is_created_from_two_folders(browser, owner, roots):
     )
     assert response.status_code == 302, response.content.decode()
     dataset = Dataset.objects.get(name="cifar10EDTpytorch")
-    assert (dataset.owner, dataset.train_path) == (owner, str(roots["data"] / "cifar/train_db"))
+    assert (dataset.owner, dataset.train_path) == (owner, str(roots["alice"] / "cifar/train_db"))
 
 
 def test_a_dataset_outside_the_data_roots_is_refused_on_its_field(browser, owner, roots):
@@ -211,7 +226,7 @@ def test_a_model_without_its_main_file_is_refused_on_step_one(browser, owner, ro
     assert response.status_code == 400
     page = response.content.decode()
     assert "is not a file in the model folder" in page
-    assert "step: 1" in page  # the page reopens on the step with the error
+    assert 'data-step="1"' in page  # the page reopens on the step with the error
     assert not ModelDefinition.objects.exists()
 
 
@@ -322,6 +337,14 @@ def test_an_out_of_range_priority_is_refused(browser, owner, job):
     assert b"10000" in client.get(reverse("jobs")).content  # the message names the range
 
 
+def test_the_priority_fields_take_their_bounds_from_the_jobs_rules(browser, owner, job):
+    from jobs import priority
+
+    bounds = f'min="{priority.MIN}" max="{priority.MAX}"'
+    assert bounds in browser(owner).get(reverse("jobs")).content.decode()
+    assert bounds in browser(owner).get(reverse("job", args=[job.pk])).content.decode()
+
+
 def test_stopping_asks_for_confirmation_first(browser, owner, job):
     client = browser(owner)
     page = client.get(reverse("job-stop", args=[job.pk]))
@@ -355,7 +378,7 @@ def test_an_admin_sees_and_manages_every_job(browser, admin, job):
 
 
 def test_the_job_history_has_slots_metrics_events_and_log(browser, owner, job, cluster):
-    from jobs.events import ingest
+    from events.ingest import ingest
 
     host = cluster["hosts"][0]
     SlotAllocation.objects.create(job=job, host=host, slot=0)
@@ -373,7 +396,7 @@ def test_the_job_history_has_slots_metrics_events_and_log(browser, owner, job, c
 
 
 def test_the_job_page_filters_its_log_by_source_without_javascript(browser, owner, job):
-    from jobs.events import ingest
+    from events.ingest import ingest
 
     for i, source in enumerate(["driver", "worker:a", "worker:b"]):
         ingest({"type": "log", "job_id": job.pk, "source": source, "ts": 1e9 + i,

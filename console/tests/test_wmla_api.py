@@ -120,8 +120,8 @@ def test_a_data_path_under_the_data_root_is_registered_once(api, owner, cluster,
     assert submit(api(owner), args).status_code == 200
     registered = Dataset.objects.get()
     assert registered.owner == owner
-    assert registered.train_path == str(roots["data"] / "cifar" / "train_db")
-    assert registered.test_path == str(roots["data"] / "cifar" / "test_db")
+    assert registered.train_path == str(roots["alice"] / "cifar" / "train_db")
+    assert registered.test_path == str(roots["alice"] / "cifar" / "test_db")
 
 
 def test_a_lone_main_file_upload_is_accepted_as_dlicmd_sends_it(
@@ -163,8 +163,6 @@ def _nothing_stored(roots) -> bool:
         (NOTEBOOK_ARGS + " --msd-priority 10001", "sig-elastic", "priority", "between 1 and 10000"),
         (NOTEBOOK_ARGS + " --edt-options maxWorkers=100000", "sig-elastic", "max_workers",
          "between 1 and"),
-        ("--exec-start edtPyTorch --model-main elastic-main.py", "sig-elastic", "data_path",
-         "A dataset is required"),
         ("--exec-start edtPyTorch --model-main elastic-main.py "
          "--cs-datastore-meta type=fs,data_path=../../etc", "sig-elastic", "data_path", ".."),
         ("--exec-start edtPyTorch --model-main elastic-main.py "
@@ -394,14 +392,17 @@ def test_delete_removes_an_ended_exec_and_its_uploaded_model(
 # --- logs and results -------------------------------------------------------------------------
 
 
+TRAIN_1 = ("[2026-11-23 10:00:00] Train,\tTimestamp: 1,\tGlobal steps: 1,\tIteration: 1,"
+           "\tLoss: 2.3,\tAccuracy: 0.1\n")
+TRAIN_2 = ("[2026-11-23 10:00:01] Train,\tTimestamp: 2,\tGlobal steps: 2,\tIteration: 2,"
+           "\tLoss: 2.1,\tAccuracy: 0.2\n")
+
+
 def _write_logs(job) -> Path:
     root = Path(job.result_dir)
     (root / "log" / "driver").mkdir(parents=True)
     (root / "log" / "worker-1").mkdir(parents=True)
-    (root / "log" / "driver" / "stdout").write_text(
-        "[2026-11-23 10:00:00] Train,\tTimestamp: 1,\tGlobal steps: 1,\tIteration: 1,\tLoss: 2.3,"
-        "\tAccuracy: 0.1\n"
-    )
+    (root / "log" / "driver" / "stdout").write_text(f"--- starting\n{TRAIN_1}")
     (root / "log" / "driver" / "stderr").write_text("driver warning\n")
     (root / "log" / "worker-1" / "stdout").write_text("worker says hi\n")
     (root / "model").mkdir()
@@ -410,27 +411,27 @@ def _write_logs(job) -> Path:
 
 
 def test_the_outlog_is_a_json_string_by_default_as_the_notebook_reads_it(api, owner, wmla_job):
-    root = _write_logs(wmla_job)
-    (root / "log" / "worker-1" / "stdout").unlink()
+    _write_logs(wmla_job)
     response = api(owner).get(f"{DL}/execs/alice-{wmla_job.pk}/log")
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
-    text = json.loads(response.content)
-    assert text.startswith("[2026-11-23 10:00:00] Train,\tTimestamp: 1,")
+    assert json.loads(response.content) == TRAIN_1
 
 
-def test_logs_come_as_plain_text_to_dlicmd_driver_first(api, owner, wmla_job):
-    _write_logs(wmla_job)
+def test_the_training_log_is_only_elog_lines_of_every_process_in_time_order(
+    api, owner, wmla_job
+):
+    root = _write_logs(wmla_job)
+    # A model folder's own elog.py (WMLA 1.2.3) writes $LOG_DIR/stdout; ours prints.
+    (root / "log" / "stdout").write_text(TRAIN_2)
+    (root / "log" / "worker-1" / "stdout").write_text(f"Epoch 1, loss 2.2\n{TRAIN_1}")
     client = api(owner)
     out = client.get(f"{DL}/execs/{wmla_job.pk}/log?logType=outlog", HTTP_ACCEPT="text/plain")
     assert out["Content-Type"].startswith("text/plain")
-    text = out.content.decode()
-    assert text.index("log/driver/stdout") < text.index("log/worker-1/stdout")
-    assert "driver warning" not in text
+    assert out.content.decode() == TRAIN_1 + TRAIN_1 + TRAIN_2
     err = client.get(f"{DL}/execs/{wmla_job.pk}/log?logType=errlog", HTTP_ACCEPT="text/plain")
     assert err.content.decode() == "driver warning\n"
     both = client.get(f"{DL}/execs/{wmla_job.pk}/log?logType=outerrlog", HTTP_ACCEPT="text/plain")
-    text = both.content.decode()
-    assert text.index("Train,") < text.index("driver warning") < text.index("worker says hi")
+    assert both.content.decode() == TRAIN_1 + TRAIN_1 + TRAIN_2 + "driver warning\n"
 
 
 def test_a_bad_log_type_is_a_400(api, owner, wmla_job):
@@ -452,8 +453,11 @@ def test_the_result_is_a_zip_named_in_content_disposition(api, owner, wmla_job, 
     (root / "tmp" / "torchinductor_root" / "cache.bin").write_bytes(b"scratch")
     response = api(owner).get(f"{DL}/execs/alice-{wmla_job.pk}/result")
     assert response.status_code == 200
-    assert response["Content-Disposition"] == f"attachment;filename=alice-{wmla_job.pk}-result.zip"
-    archive = zipfile.ZipFile(io.BytesIO(b"".join(response.streaming_content)))
+    body = b"".join(response.streaming_content)
+    assert response["Content-Disposition"] == (
+        f"attachment;filename=alice-{wmla_job.pk}-result.zip;size={len(body)}"
+    )
+    archive = zipfile.ZipFile(io.BytesIO(body))
     names = set(archive.namelist())
     assert "model/model_epoch_final.pth" in names and "log/driver/stdout" in names
     assert "model/link.txt" not in names

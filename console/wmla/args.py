@@ -17,6 +17,8 @@ import argparse
 import shlex
 from dataclasses import dataclass, field
 
+from jobs.validation import ARGS_MAX_BYTES
+
 FRAMEWORKS = {
     "edtPyTorch": "PyTorch - Elastic Distributed Training (EDT)",
 }
@@ -71,7 +73,8 @@ def _build_parser() -> _Parser:
     p.add_argument("--edt-options", dest="edt_options", action="append", default=[])
     p.add_argument("--cs-datastore-meta", dest="datastore_meta")
     p.add_argument("--msd-env", dest="msd_env", action="append", default=[])
-    # The range (1..10000) is the jobs service's to check, so the message is the same everywhere.
+    # The range (jobs.priority) is the jobs service's to check, so the message is the same
+    # everywhere.
     p.add_argument("--msd-priority", dest="priority", type=int)
     p.add_argument("--appName", dest="app_name")
     p.add_argument("--ig", dest="instance_group")
@@ -117,19 +120,51 @@ def _pairs(text: str, flag: str) -> dict[str, str]:
     return out
 
 
-def parse_args_string(text: str) -> SubmitArgs:
-    """Parse a WMLA ``args`` string. Raises ``ArgsError`` with a message naming the flag."""
+def _check_bounds(text: str) -> None:
+    # Before any parsing work: the same bound as /api/v1.
     if not text or not text.strip():
         raise ArgsError("args is empty: it must hold at least --exec-start and --model-main")
+    if len(text) > ARGS_MAX_BYTES:
+        raise ArgsError(f"args may be at most {ARGS_MAX_BYTES} bytes long")
+    if "\x00" in text:
+        raise ArgsError("args contains a NUL character")
+
+
+def parse_args_string(text: str) -> SubmitArgs:
+    """Parse a WMLA ``args`` string. Raises ``ArgsError`` with a message naming the flag."""
+    _check_bounds(text)
+    tokens, passthrough = _split(text)
+    known, unknown = _PARSER.parse_known_args(tokens)
+    _check_required(known)
+    return SubmitArgs(
+        framework=known.framework,
+        model_main=known.model_main,
+        model_dir=known.model_dir or "",
+        max_workers=_max_workers(known),
+        devices_per_worker=known.worker_device_num or 1,
+        worker_device_type=known.worker_device_type or "",
+        data_path=_data_path(known),
+        env_vars=_env_vars(known),
+        priority=known.priority,
+        app_name=known.app_name or "",
+        instance_group=known.instance_group or "",
+        user_args=[*unknown, *passthrough],
+    )
+
+
+def _split(text: str) -> tuple[list[str], list[str]]:
+    """The words of ``text`` split like a shell's: ours, and those after a lone ``--``."""
     try:
         tokens = shlex.split(text)
     except ValueError as exc:  # an unclosed quote
         raise ArgsError(f"args cannot be split into words: {exc}") from exc
-    passthrough: list[str] = []
     if "--" in tokens:
         cut = tokens.index("--")
-        tokens, passthrough = tokens[:cut], tokens[cut + 1 :]
-    known, unknown = _PARSER.parse_known_args(tokens)
+        return tokens[:cut], tokens[cut + 1 :]
+    return tokens, []
+
+
+def _check_required(known: argparse.Namespace) -> None:
     if not known.framework:
         raise ArgsError(
             f"--exec-start <framework> is required; supported: {', '.join(FRAMEWORKS)}"
@@ -141,39 +176,36 @@ def parse_args_string(text: str) -> SubmitArgs:
         )
     if not known.model_main:
         raise ArgsError("--model-main <file> is required: the script to run in the model folder")
+
+
+def _max_workers(known: argparse.Namespace) -> int:
+    """``--numWorker``, unless ``--edt-options maxWorkers=N`` says otherwise (the last wins)."""
     max_workers = known.num_worker or 1
     for option in known.edt_options:
-        values = _pairs(option, "--edt-options")
-        for key, value in values.items():
+        for key, value in _pairs(option, "--edt-options").items():
             if key != "maxWorkers":
                 raise ArgsError(f"--edt-options: unknown option '{key}' (supported: maxWorkers)")
             max_workers = _to_positive("--edt-options maxWorkers", value)
-    data_path = ""
-    if known.datastore_meta:
-        meta = _pairs(known.datastore_meta, "--cs-datastore-meta")
-        if meta.get("type", "fs") != "fs":
-            raise ArgsError(f"--cs-datastore-meta type '{meta['type']}' is not supported (fs)")
-        data_path = meta.get("data_path", "")
+    return max_workers
+
+
+def _data_path(known: argparse.Namespace) -> str:
+    if not known.datastore_meta:
+        return ""
+    meta = _pairs(known.datastore_meta, "--cs-datastore-meta")
+    if meta.get("type", "fs") != "fs":
+        raise ArgsError(f"--cs-datastore-meta type '{meta['type']}' is not supported (fs)")
+    return meta.get("data_path", "")
+
+
+def _env_vars(known: argparse.Namespace) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in known.msd_env:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise ArgsError(f"--msd-env expects NAME=value, got '{item}'")
         env[name] = value
-    return SubmitArgs(
-        framework=known.framework,
-        model_main=known.model_main,
-        model_dir=known.model_dir or "",
-        max_workers=max_workers,
-        devices_per_worker=known.worker_device_num or 1,
-        worker_device_type=known.worker_device_type or "",
-        data_path=data_path,
-        env_vars=env,
-        priority=known.priority,
-        app_name=known.app_name or "",
-        instance_group=known.instance_group or "",
-        user_args=[*unknown, *passthrough],
-    )
+    return env
 
 
 def _to_positive(flag: str, value: str) -> int:

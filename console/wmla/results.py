@@ -1,21 +1,34 @@
 """Reading a job's result folder for the WMLA API: its logs and a zip of everything.
 
-The folder is written by user code, so nothing here follows a symlink or leaves the folder."""
+The folder is written by user code, so every read goes through ``jobs.jobfiles``: nothing here
+follows a symlink or leaves the folder, even one planted between a listing and a read."""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+import time
 import zipfile
-from pathlib import Path
+from pathlib import PurePosixPath
+
+from jobs import jobfiles
 
 LOG_TYPES = ("outlog", "errlog", "outerrlog")
+# A log file of one process (or of WMLA's ELog): ``stdout``/``stderr`` and the like.
 _OUT_NAMES = ("stdout", "stdout.log")
 _OUT_SUFFIXES = (".stdout", ".out")
 _ERR_NAMES = ("stderr", "stderr.log")
 _ERR_SUFFIXES = (".stderr", ".err")
 SCRATCH_DIRS = frozenset({"tmp"})
 MAX_LOG_BYTES = 8 * 1024 * 1024  # per file: the tail is what a user wants from a huge log
+_CHUNK = 1024 * 1024
+# The times a zip can hold: a job may set any time on its files.
+_ZIP_TIMES = (time.mktime((1980, 1, 2, 0, 0, 0, 0, 0, -1)),
+              time.mktime((2107, 12, 30, 0, 0, 0, 0, 0, -1)))
+# WMLA's ELog line: ``[2020-05-21 18:00:48] Train,<TAB>Timestamp: 1590084048447,<TAB>...``.
+ELOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] [^\n]*?,\tTimestamp: (\d{1,20})\b")
+DRIVER = "driver"
 
 
 def _stream_of(name: str) -> str | None:
@@ -26,80 +39,136 @@ def _stream_of(name: str) -> str | None:
     return None
 
 
-def _inside(root: Path, path: Path) -> bool:
-    try:
-        resolved = path.resolve()
-    except OSError:
-        return False
-    return resolved == root or root in resolved.parents
-
-
-def _walk_files(root: Path):
-    """Regular files under ``root``, never through a symlink, in a stable order."""
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames.sort()
-        base = Path(dirpath)
-        for name in sorted(filenames):
-            path = base / name
-            if path.is_symlink() or not path.is_file() or not _inside(root, path):
-                continue
-            yield path
-
-
-def log_files(result_dir: str, log_type: str) -> list[Path]:
-    """The log files of ``log_type`` under ``<result_dir>/log``: the driver's first, then the
-    workers' in name order; for ``outerrlog`` each process's stdout before its stderr."""
+def log_files(result_dir: str, log_type: str) -> list[str]:
+    """The log files of ``log_type`` under ``<result_dir>/log`` (paths relative to the result
+    folder): WMLA's own (``log/stdout``, written by a model folder's ``elog.py``) first, then
+    the driver's, then the workers' in name order; for ``outerrlog`` each one's stdout before
+    its stderr."""
     if not result_dir:
         return []
-    root = Path(result_dir).resolve()
-    log_root = root / "log"
-    if not log_root.is_dir() or log_root.is_symlink():
-        return []
     wanted = {"outlog": {"out"}, "errlog": {"err"}, "outerrlog": {"out", "err"}}[log_type]
-    files = [p for p in _walk_files(root) if log_root in p.parents and _stream_of(p.name) in wanted]
+    files = [PurePosixPath(rel) for rel, _size in jobfiles.list_files(result_dir, ("log",))
+             if _stream_of(rel.rsplit("/", 1)[-1]) in wanted]
 
-    def order(path: Path) -> tuple:
-        rel = path.relative_to(log_root)
-        driver_first = 0 if "driver" in str(rel.parent).lower() or rel.parent == Path(".") else 1
-        return (driver_first, str(rel.parent), _stream_of(path.name) != "out", rel.name)
+    def order(path: PurePosixPath) -> tuple:
+        rel = path.relative_to("log")
+        top = rel.parent == PurePosixPath(".")
+        driver_first = 0 if top or "driver" in str(rel.parent).lower() else 1
+        return (not top, driver_first, str(rel.parent), _stream_of(path.name) != "out", rel.name)
 
-    return sorted(files, key=order)
+    return [str(path) for path in sorted(files, key=order)]
 
 
-def read_logs(result_dir: str, log_type: str) -> str:
-    """The logs as one text; a ``==> log/<file> <==`` line before each file when there are
-    several (a single file comes back exactly as written, for parsers of ELog lines)."""
-    files = log_files(result_dir, log_type)
-    root = Path(result_dir).resolve() if result_dir else None
-    chunks = []
-    for path in files:
-        size = path.stat().st_size
-        with path.open("rb") as handle:
-            if size > MAX_LOG_BYTES:
-                handle.seek(size - MAX_LOG_BYTES)
-            text = handle.read().decode("utf-8", errors="replace")
-        if len(files) > 1:
-            text = f"==> {path.relative_to(root)} <==\n{text}"
-            if not text.endswith("\n"):
-                text += "\n"
-        chunks.append(text)
-    return "".join(chunks)
+def _tail(handle, limit: int = MAX_LOG_BYTES) -> str:
+    size = os.fstat(handle.fileno()).st_size
+    if size > limit:
+        handle.seek(size - limit)
+    return handle.read(limit).decode("utf-8", errors="replace")
+
+
+def read_text(result_dir: str, rel: str) -> str:
+    """The (tail of the) text file ``rel`` below the result folder; "" when there is none (or
+    it is a link, or it went away)."""
+    if not result_dir:
+        return ""
+    try:
+        with jobfiles.open_file(result_dir, rel) as handle:
+            return _tail(handle)
+    except (OSError, ValueError):
+        return ""
+
+
+def _elog_lines(text: str) -> list[tuple[int, str]]:
+    out = []
+    for line in text.splitlines():
+        match = ELOG_LINE.match(line)
+        if match:
+            out.append((int(match.group(1)), line + "\n"))
+    return out
+
+
+def train_log(result_dir: str, log_type: str) -> str:
+    """What WMLA's ``GET /execs/{id}/log`` answers: the training log that ``ELog`` writes.
+
+    ``outlog``: the ELog lines (``[time] Train,<TAB>Timestamp: ...``) of every process, in
+    time order, and nothing else, so a notebook can read them as CSV; ``errlog``: the
+    processes' separate ``stderr`` files (our processes merge stderr into stdout, so usually
+    empty); ``outerrlog``: both. The processes' whole output is served by the scheduler and
+    conductor log endpoints (``console.wmla.applications``)."""
+    text = ""
+    if log_type in ("outlog", "outerrlog"):
+        lines: list[tuple[int, str]] = []
+        for rel in log_files(result_dir, "outlog"):
+            lines += _elog_lines(read_text(result_dir, rel))
+        text = "".join(line for _ts, line in sorted(lines, key=lambda pair: pair[0]))
+    if log_type in ("errlog", "outerrlog"):
+        for rel in log_files(result_dir, "errlog"):
+            chunk = read_text(result_dir, rel)
+            text += chunk if not chunk or chunk.endswith("\n") else chunk + "\n"
+    return text
+
+
+def process_names(result_dir: str) -> list[str]:
+    """The processes that left their output (``log/<name>/stdout``), but the driver: the
+    workers, by name."""
+    if not result_dir:
+        return []
+    names = {rel.split("/")[1] for rel, _size in jobfiles.list_files(result_dir, ("log",))
+             if rel.count("/") == 2 and rel.endswith("/stdout")}
+    names.discard(DRIVER)
+    return sorted(names)
+
+
+def process_log(result_dir: str, process: str, stream: str) -> str:
+    """One process's own log: ``stdout`` (its whole output; stderr is merged into it) or
+    ``stderr`` (a separate file, when one was written)."""
+    if stream not in ("stdout", "stderr") or "/" in process or process in ("", ".", ".."):
+        return ""
+    return read_text(result_dir, f"log/{process}/{stream}")
+
+
+def _add(archive: zipfile.ZipFile, name: str, handle) -> None:
+    """One file into the zip, as big as it was when opened: a job writing to it meanwhile
+    cannot make the zip grow without end."""
+    st = os.fstat(handle.fileno())
+    when = min(max(st.st_mtime, _ZIP_TIMES[0]), _ZIP_TIMES[1])
+    info = zipfile.ZipInfo(name, time.localtime(when)[:6])
+    info.external_attr = (st.st_mode & 0xFFFF) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.file_size = st.st_size
+    left = st.st_size
+    with archive.open(info, "w") as out:
+        while left > 0:
+            chunk = handle.read(min(_CHUNK, left))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
 
 
 def zip_results(result_dir: str) -> tempfile.SpooledTemporaryFile | None:
-    """A zip of the result folder in a temporary file (None when there is nothing to zip)."""
+    """A zip of the result folder in a temporary file, positioned at its start (None when
+    there is nothing to zip); ``zip_size`` says how big it is."""
     if not result_dir:
         return None
-    root = Path(result_dir).resolve()
-    if not root.is_dir():
-        return None
-    # ``tmp/`` holds the processes' scratch files (compiler caches), not results.
-    files = [p for p in _walk_files(root) if p.relative_to(root).parts[0] not in SCRATCH_DIRS]
-    if not files:
-        return None
     spooled = tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024)
+    count = 0
     with zipfile.ZipFile(spooled, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for path in files:
-            archive.write(path, arcname=str(path.relative_to(root)))
+        # ``tmp/`` holds the processes' scratch files (compiler caches), not results.
+        for name, handle in jobfiles.walk_files(result_dir, skip=SCRATCH_DIRS):
+            _add(archive, name, handle)
+            count += 1
+    if not count:
+        spooled.close()
+        return None
     spooled.seek(0)
     return spooled
+
+
+def zip_size(archive) -> int:
+    """The size in bytes of a zip that ``zip_results`` made (what the response sends)."""
+    where = archive.tell()
+    archive.seek(0, os.SEEK_END)
+    size = archive.tell()
+    archive.seek(where)
+    return size

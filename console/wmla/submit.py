@@ -8,8 +8,6 @@ services do, exactly as for ``/api/v1``.
 from __future__ import annotations
 
 import io
-import json
-import shutil
 import tarfile
 import uuid
 from pathlib import Path, PurePosixPath
@@ -21,15 +19,16 @@ from django.utils import timezone
 from rest_framework import status
 from rest_framework.exceptions import APIException
 
+from console.api.parsers import loads as json_loads
 from console.wmla.args import SubmitArgs
 from console.wmla.models import WmlaExec
 from datasets import services as dataset_services
-from datasets.models import Dataset
-from datasets.paths import confine
+from datasets.models import Dataset, Upload
+from datasets.paths import dataset_folder
+from datasets.uploads import remove_folder
 from jobs import services as job_services
 from jobs.models import TrainingJob
 from models import services as model_services
-from models.models import ModelDefinition
 from resources.models import InstanceGroup
 
 
@@ -51,8 +50,10 @@ def instance_group_for(sig_name: str) -> InstanceGroup:
         raise ValidationError(
             {"sigName": f"Name the instance group (sigName=... or --ig ...); available: {names}."}
         )
+    if "\x00" in sig_name:
+        raise ValidationError({"sigName": "sigName contains a NUL character."})
     found = groups.filter(name=sig_name).first()
-    if found is None and sig_name.isdigit():
+    if found is None and sig_name.isascii() and sig_name.isdigit() and len(sig_name) <= 18:
         found = groups.filter(pk=int(sig_name)).first()
     if found is None:
         raise ValidationError(
@@ -67,9 +68,9 @@ def data_path_from(form_data: object, fallback: str) -> tuple[str, list]:
     if form_data in (None, ""):
         return fallback, []
     try:
-        parsed = json.loads(form_data) if isinstance(form_data, str) else form_data
-    except json.JSONDecodeError as exc:
-        raise ValidationError({"data": f"data is not valid JSON: {exc}"}) from exc
+        parsed = json_loads(form_data) if isinstance(form_data, str) else form_data
+    except ValueError as exc:  # also JSON nested too deep
+        raise ValidationError({"data": f"data is not valid JSON: {exc}"}) from None
     sources = parsed.get("dataSource") if isinstance(parsed, dict) else parsed
     if not isinstance(sources, list) or not sources:
         raise ValidationError(
@@ -87,22 +88,23 @@ def data_path_from(form_data: object, fallback: str) -> tuple[str, list]:
     return paths.strip(), sources
 
 
-def dataset_for(*, user, data_path: str) -> Dataset:
+def dataset_for(*, user, data_path: str) -> Dataset | None:
     """A dataset the user can see, named ``data_path``; or else a folder under the data roots
     (WMLA's data paths are relative to its data file system), registered once as the user's
-    dataset, with its ``train*``/``test*`` sub-folders when it has them."""
+    dataset, with its ``train*``/``test*`` sub-folders when it has them. No ``data_path``
+    (``--cs-datastore-meta type=fs`` alone, as IBM's CPD notebook sends, or no flag at all):
+    None, and the job runs without a dataset (no ``DATA_DIR``), as on WMLA."""
     if not data_path:
-        raise ValidationError(
-            {
-                "data_path": "A dataset is required: pass --cs-datastore-meta "
-                "type=fs,data_path=<dataset name or folder under the data root>."
-            }
-        )
-    by_name = Dataset.objects.visible_to(user).filter(name=data_path).first()
+        return None
+    if "\x00" in data_path:
+        raise ValidationError({"data_path": "data_path contains a NUL character."})
+    # Names are unique per owner: the user's own dataset first (an admin sees everyone's).
+    named = Dataset.objects.visible_to(user).filter(name=data_path)
+    by_name = named.filter(owner=user).first() or named.first()
     if by_name is not None:
         return by_name
     try:
-        folder = confine(data_path, settings.EDT_DATA_ROOTS)
+        folder = dataset_folder(data_path, owner=user)
     except ValidationError as exc:
         raise ValidationError(
             {"data_path": [f"No dataset named '{data_path}' is visible to you, and", *exc.messages]}
@@ -143,14 +145,13 @@ def _model_name(parsed: SubmitArgs) -> str:
     return f"{base[:60]}-{timezone.now():%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
-def _upload_folder(model: ModelDefinition) -> Path | None:
-    """The folder ``model_create_from_archive`` unpacked into, if it is one of its uploads."""
-    uploads = (settings.EDT_MODEL_ROOTS[0] / "uploads").resolve()
-    location = Path(model.location).resolve()
-    for candidate in (location, *location.parents):
-        if candidate.parent == uploads:
-            return candidate
-    return None
+def _as_file_error(exc: ValidationError) -> ValidationError:
+    """The archive's errors under WMLA's name for the upload, ``file`` (keeping the kind of
+    error: the quota's is a 413)."""
+    if hasattr(exc, "error_dict") and "archive" not in exc.error_dict:
+        return exc
+    messages = exc.message_dict["archive"] if hasattr(exc, "error_dict") else exc.messages
+    return type(exc)({"file": messages})
 
 
 def exec_submit(
@@ -180,9 +181,7 @@ def exec_submit(
                     description="Uploaded by a WMLA-style submission (POST /execs).",
                 )
             except ValidationError as exc:
-                if hasattr(exc, "error_dict"):
-                    raise
-                raise ValidationError({"file": exc.messages}) from exc
+                raise _as_file_error(exc) from exc
             job = job_services.job_submit(
                 user=user,
                 model=model,
@@ -204,11 +203,9 @@ def exec_submit(
                 data_source=sources,
             )
     except Exception:
-        # The database rolled back; the unpacked model folder is ours to remove.
-        if model is not None:
-            folder = _upload_folder(model)
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+        # The database rolled back, the model's Upload row with it: its folder is ours to remove.
+        if model is not None and model.upload is not None:
+            remove_folder(model.upload.folder, Upload.Kind.MODEL)
         raise
     return job
 
@@ -223,7 +220,4 @@ def exec_delete(*, job: TrainingJob) -> None:
     with transaction.atomic():
         job.delete()
         if submitted_here and not model.jobs.exists():
-            folder = _upload_folder(model)
-            model.delete()
-            if folder is not None:
-                transaction.on_commit(lambda: shutil.rmtree(folder, ignore_errors=True))
+            model.delete()  # its unpacked folder goes once this commits (datasets.signals)

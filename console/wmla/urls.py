@@ -4,10 +4,13 @@ dlicmd posts to ``/execs/``."""
 
 from django.urls import re_path
 
-from console.wmla import views
+from console.wmla import applications, views
 
 DL = r"^platform/rest/deeplearning/v1"
 EXEC = DL + r"/execs/(?P<exec_ref>[^/]+)"
+SCHED = DL + r"/scheduler/applications"
+SC_APPS = r"^platform/rest/conductor/v1/instances/(?P<sig>[^/]+)/applications"
+STREAM = r"/logs/(?P<stream>stdout|stderr)(?:/download)?/?$"
 
 urlpatterns = [
     re_path(r"^auth/v1/logon/?$", views.LogonView.as_view(), name="wmla-logon"),
@@ -31,5 +34,17 @@ urlpatterns = [
     re_path(EXEC + r"/result/?$", views.ExecResultView.as_view(), name="wmla-exec-result"),
     re_path(DL + r"/conf/?$", views.ConfView.as_view(), name="wmla-conf"),
     re_path(DL + r"/status/?$", views.StatusView.as_view(), name="wmla-status"),
+    re_path(SCHED + r"/?$", applications.SchedulerApplicationsView.as_view(),
+            name="wmla-scheduler-apps"),
+    re_path(SCHED + r"/(?P<app_ref>[^/]+)/driver/logs/(?P<log_type>[^/]+)/?$",
+            applications.SchedulerDriverLogView.as_view(), name="wmla-scheduler-driver-log"),
+    re_path(SCHED + r"/(?P<app_ref>[^/]+)/executor/(?P<executor>[^/]+)/logs/(?P<log_type>[^/]+)/?$",
+            applications.SchedulerExecutorLogView.as_view(), name="wmla-scheduler-executor-log"),
+    re_path(SC_APPS + r"/?$", applications.ConductorApplicationsView.as_view(),
+            name="wmla-conductor-apps"),
+    re_path(SC_APPS + r"/(?P<app_ref>[^/]+)" + STREAM,
+            applications.ConductorDriverLogView.as_view(), name="wmla-conductor-driver-log"),
+    re_path(SC_APPS + r"/(?P<app_ref>[^/]+)/(?P<executor>[^/]+)" + STREAM,
+            applications.ConductorExecutorLogView.as_view(), name="wmla-conductor-executor-log"),
     re_path(r"^ui/tools/dlicmd\.py$", views.cli_source, name="wmla-cli-download"),
 ]

@@ -10,19 +10,19 @@ from importlib import metadata
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import FileResponse, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, status
-from rest_framework.exceptions import NotAcceptable, NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotAcceptable, NotFound, ValidationError
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api.errors import call_service
 from console.wmla import results, schema  # noqa: F401 - registers the OpenAPI auth schemes
 from console.wmla.args import FRAMEWORKS, ArgsError, parse_args_string
 from console.wmla.auth import (
@@ -33,7 +33,13 @@ from console.wmla.auth import (
     token_revoke,
     token_ttl,
 )
-from console.wmla.representation import WMLA_TO_OURS, app_id, exec_id, exec_json, job_pk_from
+from console.wmla.representation import (
+    app_id,
+    exec_id,
+    exec_json,
+    filter_by_state,
+    job_pk_from,
+)
 from console.wmla.submit import exec_delete, exec_submit
 from jobs import services as job_services
 from jobs import states
@@ -80,14 +86,6 @@ SORT_FIELDS = {"id": "id", "createTime": "created", "priority": "priority", "sta
 def _form(request) -> dict:
     """The request's form or JSON object; a JSON array or scalar body counts as empty."""
     return request.data if hasattr(request.data, "get") else {}
-
-
-def _service(call, *args, **kwargs):
-    """Run a service, keeping the message of its PermissionDenied in the 403."""
-    try:
-        return call(*args, **kwargs)
-    except DjangoPermissionDenied as exc:
-        raise PermissionDenied(str(exc) or "Not allowed.") from exc
 
 
 class WmlaView(APIView):
@@ -164,18 +162,7 @@ class ExecListView(WmlaView):
     ])
     def get(self, request):
         params = request.query_params
-        queryset = self.jobs()
-        state_param = params.get("state", "").strip()
-        if state_param:
-            wanted: set[str] = set()
-            for name in (s.strip().upper() for s in state_param.split(",") if s.strip()):
-                if name not in WMLA_TO_OURS:
-                    raise ValidationError(
-                        {"state": f"Unknown state '{name}'; use one of "
-                         f"{', '.join(sorted(WMLA_TO_OURS))}."}
-                    )
-                wanted |= WMLA_TO_OURS[name]
-            queryset = queryset.filter(state__in=wanted)
+        queryset = filter_by_state(self.jobs(), params.get("state", ""))
         sort_by = params.get("sort_by", "id:desc").strip() or "id:desc"
         field, _, direction = sort_by.partition(":")
         if field not in SORT_FIELDS or direction.lower() not in ("", "asc", "desc"):
@@ -207,7 +194,7 @@ class ExecListView(WmlaView):
         sig_name = request.query_params.get("sigName") or form.get("sigName") or ""
         if not isinstance(sig_name, str):
             raise ValidationError({"sigName": "sigName must be an instance group's name."})
-        job = _service(
+        job = call_service(
             exec_submit,
             user=request.user,
             parsed=parsed,
@@ -231,6 +218,20 @@ class ExecListView(WmlaView):
         )
 
 
+    @doc("Delete all your ended execs (dlicmd --exec-delete-all)", op="wmla_execs_delete_all")
+    def delete(self, request):
+        # Only the caller's own, as WMLA's "for current user" (an admin's too); active execs
+        # stay, as a single DELETE refuses them.
+        ended = self.jobs().filter(owner=request.user, state__in=states.TERMINAL)
+        deleted = []
+        for job in ended.order_by("id"):
+            deleted.append(exec_id(job))
+            exec_delete(job=job)
+        kept = self.jobs().filter(owner=request.user).count()
+        return Response({"deleted": deleted, "kept": kept,
+                         "message": f"{len(deleted)} execs deleted; {kept} active kept."})
+
+
 class ExecDetailView(WmlaView):
     @doc("Get an exec", op="wmla_execs_get", params=[EXEC_REF])
     def get(self, request, exec_ref: str):
@@ -248,7 +249,7 @@ class ExecDetailView(WmlaView):
 class ExecStopView(WmlaView):
     @doc("Stop an exec", request=None, params=[EXEC_REF])
     def post(self, request, exec_ref: str):
-        job = _service(job_services.job_kill, job=self.get_job(exec_ref), user=request.user)
+        job = call_service(job_services.job_kill, job=self.get_job(exec_ref), user=request.user)
         return Response(exec_json(self.get_job(str(job.pk)), detail=True))
 
     put = post
@@ -270,14 +271,14 @@ class ExecPriorityView(WmlaView):
             raise ValidationError(
                 {"priority": f"priority must be an integer, not {value!r}."}
             ) from None
-        _service(job_services.job_set_priority, job=job, priority=priority, user=request.user)
+        call_service(job_services.job_set_priority, job=job, priority=priority, user=request.user)
         return Response(exec_json(self.get_job(str(job.pk)), detail=True))
 
     put = post
 
 
 class ExecLogView(WmlaView):
-    @doc("An exec's logs", response=OpenApiTypes.STR, params=[
+    @doc("An exec's training log (ELog lines; stderr files)", response=OpenApiTypes.STR, params=[
         EXEC_REF, OpenApiParameter("logType", str, enum=list(results.LOG_TYPES))])
     def get(self, request, exec_ref: str):
         job = self.get_job(exec_ref)
@@ -286,7 +287,7 @@ class ExecLogView(WmlaView):
             raise ValidationError(
                 {"logType": f"logType must be one of {', '.join(results.LOG_TYPES)}."}
             )
-        text = results.read_logs(job.result_dir, log_type)
+        text = results.train_log(job.result_dir, log_type)
         if request.accepted_renderer.format == PlainTextRenderer.format:
             return HttpResponse(text, content_type="text/plain; charset=utf-8")
         # WMLA answers a JSON string by default: its notebooks call ``.json()`` on it.
@@ -303,9 +304,12 @@ class ExecResultView(WmlaView):
                 f"Exec {exec_id(job)} has no results yet (state {job.wmla_state})."
             )
         filename = f"{exec_id(job)}-result.zip"
+        size = results.zip_size(archive)
         response = FileResponse(archive, content_type="application/zip")
-        # No space after ';': dlicmd splits on ';' and looks for an item starting 'filename='.
-        response["Content-Disposition"] = f"attachment;filename={filename}"
+        # As WMLA sends it: no spaces (dlicmd splits on ';' and takes the item starting
+        # 'filename='), the size last (notebooks take what follows 'size=').
+        response["Content-Disposition"] = f"attachment;filename={filename};size={size}"
+        response["Content-Length"] = str(size)
         return response
 
 

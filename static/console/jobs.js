@@ -33,4 +33,11 @@
     init(document);
     htmx.onLoad((content) => init(content));
   });
+  // The 5 s refresh skips a beat while the user drags or types. Here and not as an hx-trigger
+  // filter: htmx evaluates filters as code, which the Content-Security-Policy forbids.
+  document.addEventListener("htmx:confirm", (event) => {
+    if (event.target.id === "jobs-live" && event.detail.verb === "get" && !window.EDTJobs.idle()) {
+      event.preventDefault();
+    }
+  });
 })();

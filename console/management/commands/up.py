@@ -19,7 +19,11 @@ from django.core.management import get_commands
 from django.core.management.base import BaseCommand, CommandError
 
 from config.embedded_redis import redis_server_argv
+from config.redis_auth import URL_FILE, embedded_password, with_password
+from config.service_files import write_private
+from config.tls import Certificate, TlsError, certificate, daphne_endpoint
 from console.management.commands.bootstrap import admin_password_file
+from runtime.events import redacted
 
 
 @dataclass
@@ -40,7 +44,7 @@ def _wait_for_redis(url: str, timeout: float = 15) -> None:
         except redis.RedisError as exc:
             if time.monotonic() > deadline:
                 raise CommandError(
-                    f"Redis at {url} did not answer within {timeout:.0f} s: {exc}"
+                    f"Redis at {redacted(url)} did not answer within {timeout:.0f} s: {exc}"
                 ) from exc
             time.sleep(0.1)
 
@@ -51,94 +55,106 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=os.environ.get("EDT_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("EDT_PORT", "8000")))
+        parser.add_argument(
+            "--https-port", type=int, default=int(os.environ.get("EDT_HTTPS_PORT", "8443")),
+            help="Also serve https here (EDT_TLS_CERT/EDT_TLS_KEY, else a self-signed "
+                 "certificate under var/tls/); 0: http only.",
+        )
         parser.add_argument("--cpu-slots", type=int, default=settings.EDT_CPU_SLOTS)
         parser.add_argument("--no-agent", action="store_true", help="Do not start a host agent.")
 
-    def handle(self, *args, host: str, port: int, cpu_slots: int, no_agent: bool, **opts) -> None:
+    def handle(self, *args, host: str, port: int, https_port: int, cpu_slots: int,
+               no_agent: bool, **opts) -> None:
         env = dict(os.environ)
-        children: list[Child] = []
-        if not env.get("REDIS_URL"):
-            redis_port = int(env.get("EDT_EMBEDDED_REDIS_PORT", "6390"))
-            children.append(self._embedded_redis(redis_port))
-            env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
-            (settings.VAR_DIR / "redis.url").write_text(env["REDIS_URL"])
-        manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
-        children.append(
-            Child(
-                "web",
-                [
-                    sys.executable,
-                    "-m",
-                    "daphne",
-                    "-b",
-                    host,
-                    "-p",
-                    str(port),
-                    "config.asgi:application",
-                ],
-            )
-        )
+        if https_port and not port_free(host, https_port):
+            self.stderr.write(f"Port {https_port} is in use: serving http only (set "
+                              "EDT_HTTPS_PORT to a free port for https, or 0).")
+            https_port = 0
+        tls = self._certificate(host) if https_port else None
+        web = web_argv(host, port, https_port, tls)
+        children = self._redis(env) + self._services(web, cpu_slots, no_agent)
+        self._stopping = False
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGTERM, self._stop)
+        for child in children:
+            self._start(child, env)
+            if child.name == "redis":
+                _wait_for_redis(env["REDIS_URL"])
+        self._announce(host, port, https_port, tls)
+        try:
+            self._supervise(children, env)
+        finally:
+            _stop_children(children)
+
+    def _redis(self, env: dict) -> list[Child]:
+        """The embedded Redis when ``REDIS_URL`` names none; its URL goes into ``env``."""
+        if env.get("REDIS_URL"):
+            return []
+        redis_port = int(env.get("EDT_EMBEDDED_REDIS_PORT", "6390"))
+        # Never without a password: a job must not reach the broker (config.redis_auth).
+        password = embedded_password(settings.VAR_DIR)
+        env["REDIS_URL"] = with_password(f"redis://127.0.0.1:{redis_port}/0", password)
+        write_private(settings.VAR_DIR / URL_FILE, env["REDIS_URL"])
+        return [self._embedded_redis(redis_port, password)]
+
+    def _certificate(self, host: str) -> Certificate:
+        try:
+            return certificate(settings.VAR_DIR, host=host)
+        except (TlsError, OSError) as exc:
+            raise CommandError(f"Cannot serve https: {exc} (EDT_HTTPS_PORT=0: http only)") from exc
+
+    def _services(self, web: list[str], cpu_slots: int, no_agent: bool) -> list[Child]:
+        """The web server, the scheduler, the event consumer and (unless ``no_agent``) a host
+        agent for this machine."""
         commands = get_commands()
         wanted = ["run_scheduler", "run_events"] + ([] if no_agent else ["run_host_agent"])
         missing = [name for name in wanted if name not in commands]
         if missing:
             raise CommandError(f"This installation lacks the commands: {', '.join(missing)}")
-        children.append(Child("scheduler", [*manage, "run_scheduler"]))
-        children.append(Child("events", [*manage, "run_events"]))
+        manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+        services = [
+            Child("web", web),
+            Child("scheduler", [*manage, "run_scheduler"]),
+            Child("events", [*manage, "run_events"]),
+        ]
         if not no_agent:
-            agent = [
-                *manage,
-                "run_host_agent",
-                "--name",
-                socket.gethostname(),
-                "--cpu-slots",
-                str(cpu_slots),
-            ]
-            children.append(Child("agent", agent))
+            agent = [*manage, "run_host_agent", "--name", socket.gethostname(),
+                     "--cpu-slots", str(cpu_slots)]
+            services.append(Child("agent", agent))
+        return services
 
-        stopping = False
+    def _stop(self, signum, frame) -> None:
+        self._stopping = True
 
-        def stop(signum, frame) -> None:
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        for child in children:
-            self._start(child, env)
-            if child.name == "redis":
-                _wait_for_redis(env["REDIS_URL"])
+    def _announce(self, host: str, port: int, https_port: int, tls: Certificate | None) -> None:
         password = admin_password_file()
         creds = os.environ.get("EDT_ADMIN_PASSWORD") or (
             password.read_text().strip() if password.exists() else "(see bootstrap's output)"
         )
         user = os.environ.get("EDT_ADMIN_USER", "admin")
+        https = ""
+        if tls is not None:
+            kind = "self-signed certificate" if tls.self_signed else "certificate"
+            https = f"            and https://{host}:{https_port}/ ({kind} {tls.cert})\n"
         self.stdout.write(
             self.style.SUCCESS(
-                f"\nElastic training console: http://{host}:{port}/\n"
+                f"\nElastic training console: http://{host}:{port}/\n{https}"
                 f"Log in as {user} / {creds}\nPress Ctrl-C to stop.\n"
             )
         )
-        try:
-            while not stopping:
-                for child in children:
-                    code = child.proc.poll() if child.proc else None
-                    if code is not None and not stopping:
-                        self._restart(child, env, code)
-                time.sleep(0.5)
-        finally:
-            for child in reversed(children):
-                if child.proc and child.proc.poll() is None:
-                    child.proc.terminate()
-            for child in reversed(children):
-                if child.proc:
-                    try:
-                        child.proc.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        child.proc.kill()
 
-    def _embedded_redis(self, port: int) -> Child:
-        return Child("redis", redis_server_argv(port, settings.VAR_DIR / "redis"))
+    def _supervise(self, children: list[Child], env: dict) -> None:
+        """Restart whichever child exits, until Ctrl-C or SIGTERM."""
+        while not self._stopping:
+            for child in children:
+                code = child.proc.poll() if child.proc else None
+                if code is not None and not self._stopping:
+                    self._restart(child, env, code)
+            time.sleep(0.5)
+
+    def _embedded_redis(self, port: int, password: str) -> Child:
+        return Child("redis", redis_server_argv(port, settings.VAR_DIR / "redis",
+                                                password=password))
 
     def _start(self, child: Child, env: dict) -> None:
         self.stdout.write(f"starting {child.name}")
@@ -155,3 +171,38 @@ class Command(BaseCommand):
         self.stderr.write(f"{child.name} exited with {code}; restarting")
         time.sleep(min(5, len(child.restarts)))
         self._start(child, env)
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether daphne could listen on ``host:port`` (it binds with ``SO_REUSEADDR`` too); one
+    endpoint it cannot open stops it serving the others."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
+
+
+def web_argv(host: str, port: int, https_port: int, tls: Certificate | None) -> list[str]:
+    """Daphne serving http on ``host:port`` and, given a certificate, https on
+    ``host:https_port``."""
+    argv = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port)]
+    if tls is not None:
+        argv += ["-e", daphne_endpoint(https_port, tls, host)]
+    return [*argv, "config.asgi:application"]
+
+
+def _stop_children(children: list[Child]) -> None:
+    """Terminate in reverse start order (the agent before Redis), then wait for each."""
+    for child in reversed(children):
+        if child.proc and child.proc.poll() is None:
+            child.proc.terminate()
+    for child in reversed(children):
+        if child.proc:
+            try:
+                child.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
