@@ -11,16 +11,22 @@ from rest_framework.test import APIClient
 
 @pytest.fixture
 def roots(tmp_path: Path, settings) -> dict[str, Path]:
+    """Users register datasets from their own area of a data root, ``<root>/<username>/``:
+    alice's (the owner's) and mallory's (the other user's) hold a cifar dataset each."""
     data = tmp_path / "data"
     models = tmp_path / "models"
-    for folder in (data / "cifar" / "train_db", data / "cifar" / "test_db", models / "resnet"):
-        folder.mkdir(parents=True)
+    for user in ("alice", "mallory"):
+        for part in ("train_db", "test_db"):
+            (data / user / "cifar" / part).mkdir(parents=True)
+    (models / "resnet").mkdir(parents=True)
     (models / "resnet" / "main.py").write_text("print('hello')\n")
     settings.EDT_DATA_ROOTS = [data.resolve()]
+    settings.EDT_SHARED_DATA_DIRS = []
     settings.EDT_MODEL_ROOTS = [models.resolve()]
     settings.EDT_RESULT_ROOT = (tmp_path / "results").resolve()
     settings.EDT_UPLOAD_ROOT = (tmp_path / "uploads").resolve()
-    return {"data": data.resolve(), "models": models.resolve(), "tmp": tmp_path}
+    return {"data": data.resolve(), "alice": (data / "alice").resolve(),
+            "mallory": (data / "mallory").resolve(), "models": models.resolve(), "tmp": tmp_path}
 
 
 @pytest.fixture
@@ -68,8 +74,8 @@ def dataset(roots, owner):
     return dataset_create(
         owner=owner,
         name="cifar10EDTpytorch",
-        train_path=str(roots["data"] / "cifar" / "train_db"),
-        test_path=str(roots["data"] / "cifar" / "test_db"),
+        train_path=str(roots["alice"] / "cifar" / "train_db"),
+        test_path=str(roots["alice"] / "cifar" / "test_db"),
     )
 
 
@@ -93,3 +99,15 @@ def job(owner, model_def, cluster):
     return job_submit(
         user=owner, model=model_def, instance_group=cluster["instance_group"], max_workers=8
     )
+
+
+@pytest.fixture
+def own_events_stream(settings):
+    """Events published by a test go to a stream of its own, never the real one."""
+    import uuid
+
+    import redis
+
+    settings.EDT_EVENTS_STREAM = f"edt-test-{uuid.uuid4().hex[:10]}:events"
+    yield settings.EDT_EVENTS_STREAM
+    redis.Redis.from_url(settings.REDIS_URL).delete(settings.EDT_EVENTS_STREAM)

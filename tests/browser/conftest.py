@@ -182,6 +182,10 @@ def page(chromium, console):
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    # Whatever the Content-Security-Policy blocked (an inline script or style, an eval) is a
+    # page that silently lost a feature: Chromium says so on its console.
+    page.on("console", lambda msg: errors.append(msg.text)
+            if "Content Security Policy" in msg.text else None)
     yield page
     context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"

@@ -4,8 +4,8 @@ the console's database, like the real one.
 ``python tests/browser/standin_scheduler.py seed``: users, hosts and a small instance group.
 ``python tests/browser/standin_scheduler.py run``: wake up on ``edt:scheduler:wake`` (what
 ``jobs.services`` publishes on submit, priority change and stop) or every half second, decide
-with the real policy (``jobs.scheduler.allocate``), write ``SlotAllocation`` rows and publish
-the allocation events through ``jobs.events.publish``. It also plays the execution layer's part
+with the real policy (``scheduler.allocate``), write ``SlotAllocation`` rows and publish
+the allocation events through ``events.publish.publish``. It also plays the execution layer's part
 (slots are released at once, a stop ends the job), since no runtime runs here.
 
 To test with the real service instead, replace ``cycle()`` by ``SchedulerService(executor)
@@ -33,15 +33,15 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from config.control_plane import WAKE_CHANNEL, redis_client  # noqa: E402
 from datasets.services import dataset_create  # noqa: E402
+from events.publish import publish  # noqa: E402
 from jobs import states  # noqa: E402
-from jobs.events import publish  # noqa: E402
 from jobs.models import SlotAllocation, TrainingJob  # noqa: E402
-from jobs.notify import WAKE_CHANNEL, redis_client  # noqa: E402
-from jobs.scheduler import JobDemand, allocate  # noqa: E402
 from jobs.services import job_submit  # noqa: E402
 from models.services import model_create  # noqa: E402
 from resources.models import Host, InstanceGroup, ResourceGroup  # noqa: E402
+from scheduler import JobDemand, allocate  # noqa: E402
 
 PASSWORD = "browser-pass-1234"
 
@@ -58,8 +58,9 @@ def seed() -> None:
     now = timezone.now()
     for name in ("host1", "host2", "host3"):
         Host.objects.create(name=name, address="127.0.0.1", cpu_slots=4, last_heartbeat=now)
+    # alice's own area of the data root: relative dataset paths she types resolve in it.
     for folder in ("cifar10/train_db", "cifar10/test_db", "seed/train", "seed/test"):
-        (settings.EDT_DATA_ROOTS[0] / folder).mkdir(parents=True, exist_ok=True)
+        (settings.EDT_DATA_ROOTS[0] / "alice" / folder).mkdir(parents=True, exist_ok=True)
     for folder in ("pytorch-resnet", "seed-model"):
         path = settings.EDT_MODEL_ROOTS[0] / folder
         path.mkdir(parents=True, exist_ok=True)

@@ -130,7 +130,31 @@ def test_it_points_every_django_service_at_the_compose_database_and_redis(
 ) -> None:
     env = _env(services[name])
     assert re.match(r"^postgres(ql)?://[^@]+@db:5432/", env["DATABASE_URL"]), env["DATABASE_URL"]
-    assert env["REDIS_URL"].startswith("redis://redis:6379/")
+    assert re.match(r"^redis://:[^@]+@redis:6379/", env["REDIS_URL"]), env["REDIS_URL"]
+
+
+def _defaulted(value: str) -> str:
+    """``value`` as Compose reads it when no variable is set: ``${NAME:-default}`` -> default."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def test_redis_requires_the_password_every_service_logs_in_with(services: dict) -> None:
+    from urllib.parse import urlsplit
+
+    from config.redis_auth import COMPOSE_DEFAULT_PASSWORD
+
+    argv = services["redis"]["command"]
+    assert "--requirepass" in argv, "Redis must not answer without a password"
+    password = argv[argv.index("--requirepass") + 1]
+    assert password == "${REDIS_PASSWORD:-" + COMPOSE_DEFAULT_PASSWORD + "}"
+    for name in sorted(DJANGO_SERVICES):
+        url = urlsplit(_defaulted(_env(services[name])["REDIS_URL"]))
+        assert url.password == _defaulted(password), name
+    # The healthcheck logs in too (redis-cli reads REDISCLI_AUTH), or Redis never turns healthy.
+    assert _env(services["redis"])["REDISCLI_AUTH"] == password
+    # The example default is named where operators read, and a root agent recognises it.
+    header = COMPOSE.read_text().split("x-edt:")[0]
+    assert "REDIS_PASSWORD" in header and COMPOSE_DEFAULT_PASSWORD in header
 
 
 def test_it_adds_the_gpu_worker_only_with_the_gpu_profile(services: dict) -> None:
@@ -319,3 +343,17 @@ def test_the_image_matches_the_supported_python_and_serves_static_files() -> Non
 def test_it_keeps_local_state_and_the_venv_out_of_the_build_context() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", "var"} <= ignored
+
+
+def test_host_agents_run_as_root_to_give_each_users_jobs_an_account_of_their_own(
+    services: dict,
+) -> None:
+    agents = [name for name in DJANGO_SERVICES
+              if any("run_host_agent" in argv for argv in _command(services[name]))]
+    assert agents, "no host agent in the compose file"
+    for name in agents:
+        assert services[name].get("user") == "root", f"{name} cannot switch to job accounts"
+        base = _defaulted(_env(services[name])["EDT_RUN_AS_UID_BASE"])
+        assert int(base) > 0, f"{name} would run every job under its own account"
+    for name in ("web", "scheduler", "events"):
+        assert services[name].get("user") != "root", f"{name} needs no privilege"

@@ -55,6 +55,9 @@ class Cluster:
     def __init__(self, tmp: Path, settings_fixture) -> None:
         self.run_id = uuid.uuid4().hex[:8]
         self.tmp = tmp
+        # A root agent runs each job under its owner's own account (the default): the jobs
+        # write their step logs here, beside the test's own files.
+        tmp.chmod(0o1777)
         self.logs = tmp / "proc-logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.results = tmp / "results"

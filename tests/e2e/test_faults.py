@@ -112,6 +112,8 @@ def test_it_survives_a_killed_worker_scheduler_and_host(e2e, e2e_records):
                on_fail=e2e.dump_logs)
     job.refresh_from_db()
     assert job.state == states.FINISHED, (job.error, e2e.dump_logs())
-    assert job.attempt == 1, "the driver was never restarted"
+    restarts = list(JobEvent.objects.filter(job=job, type__startswith="driver.")
+                    .values_list("type", "message"))
+    assert job.attempt == 1, f"the driver was restarted: {restarts}\n{e2e.dump_logs()}"
     assert_each_sample_once_per_epoch(job, SAMPLES, EPOCHS)
     assert_no_slot_ever_double_booked()

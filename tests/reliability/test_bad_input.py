@@ -81,7 +81,8 @@ class World:
 
 def _make_world(tmp_path: Path, settings) -> World:
     data, models_root = tmp_path / "data", tmp_path / "models"
-    for folder in (data / "train", data / "test", models_root / "mlp"):
+    # alice registers datasets from her own area of the data root, data/alice/.
+    for folder in (data / "alice" / "train", data / "alice" / "test", models_root / "mlp"):
         folder.mkdir(parents=True)
     (models_root / "mlp" / "main.py").write_text("print('train')\n")
     settings.EDT_DATA_ROOTS = [data.resolve()]
@@ -97,7 +98,8 @@ def _make_world(tmp_path: Path, settings) -> World:
     rg.hosts.add(host)
     ig = InstanceGroup.objects.create(name="ig", resource_group=rg)
     dataset = dataset_services.dataset_create(
-        owner=alice, name="ds", train_path=str(data / "train"), test_path=str(data / "test")
+        owner=alice, name="ds", train_path=str(data / "alice" / "train"),
+        test_path=str(data / "alice" / "test"),
     )
     model = model_services.model_create(
         owner=alice, name="mlp", location=str(models_root / "mlp"), dataset=dataset,
@@ -373,8 +375,8 @@ def _escaping_paths(root: Path) -> dict[str, str]:
 def test_it_refuses_a_dataset_path_outside_the_data_roots(
     world: World, alice_api: APIClient, case: str, field: str
 ) -> None:
-    paths = {"train_path": str(world.root / "data" / "train"),
-             "test_path": str(world.root / "data" / "test")}
+    paths = {"train_path": str(world.root / "data" / "alice" / "train"),
+             "test_path": str(world.root / "data" / "alice" / "test")}
     paths[field] = _escaping_paths(world.root)[case]
     before = _counts()
     response = alice_api.post("/api/v1/datasets/", {"name": f"ds-{case}", **paths}, format="json")

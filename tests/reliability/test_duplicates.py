@@ -1,7 +1,7 @@
 """A launch delivered twice, a broker reconnect mid-task, and a stale attempt still running:
 only the job's current attempt starts processes, commits checkpoints and changes its state.
 
-What really happens with our Celery settings (``config/settings.py``, ``jobs/tasks.py``):
+What really happens with our Celery settings (``config/settings.py``, ``agent/tasks.py``):
 tasks are acknowledged when they start (``acks_late=False``), so a broker connection dropped
 mid-task does not bring the message back; Redis hands a message out again only when its ack
 was lost (after ``visibility_timeout``), and the scheduler's reconciler re-sends launches on
@@ -27,8 +27,8 @@ import redis
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from agent import driver_supervisor
 from jobs import states
-from jobs.execution import supervisor
 from jobs.models import JobEvent, TrainingJob
 from runtime import checkpoint
 from tests.e2e.harness import Cluster, wait_until
@@ -90,7 +90,7 @@ def test_a_launch_delivered_twice_starts_one_driver_across_a_broker_reconnect(
 ):
     if connection.vendor == "sqlite":
         pytest.skip("the host agent subprocess needs the PostgreSQL test database (as in CI)")
-    from jobs import tasks
+    from agent import tasks
     from resources.services import host_queue
 
     proxy, db = broker_proxy
@@ -167,19 +167,19 @@ def test_a_stale_attempt_commits_no_checkpoint_and_no_state(script_job, settings
     # The agent running attempt 1 is cut off from the database: its heartbeats fail, so it
     # neither learns that attempt 2 started nor ends its driver (within its lease).
     cut_off = threading.Event()
-    fenced = supervisor._fenced
+    fenced = driver_supervisor._fenced
 
     def unreachable_for_attempt_1(job_id: int, attempt: int, **fields: object) -> bool:
         if attempt == 1 and cut_off.is_set():
             raise DatabaseError("connection to server lost")
         return fenced(job_id, attempt, **fields)
 
-    monkeypatch.setattr(supervisor, "_fenced", unreachable_for_attempt_1)
+    monkeypatch.setattr(driver_supervisor, "_fenced", unreachable_for_attempt_1)
     outcomes: dict[int, str] = {}
 
     def supervise(attempt: int) -> None:
         try:
-            outcomes[attempt] = supervisor.run_driver(job.pk, attempt, f"host{attempt}")
+            outcomes[attempt] = driver_supervisor.run_driver(job.pk, attempt, f"host{attempt}")
         finally:
             connection.close()
 
@@ -260,7 +260,7 @@ def test_a_driver_cut_off_from_the_database_ends_its_process_when_its_lease_expi
 ):
     settings.EDT_HOST_TIMEOUT_S = 2  # the scheduler starts another attempt after this long
     job = script_job
-    fenced = supervisor._fenced
+    fenced = driver_supervisor._fenced
     calls = {"n": 0}
 
     def unreachable_after_start(job_id: int, attempt: int, **fields: object) -> bool:
@@ -269,10 +269,10 @@ def test_a_driver_cut_off_from_the_database_ends_its_process_when_its_lease_expi
             raise DatabaseError("connection to server lost")
         return fenced(job_id, attempt, **fields)
 
-    monkeypatch.setattr(supervisor, "_fenced", unreachable_after_start)
+    monkeypatch.setattr(driver_supervisor, "_fenced", unreachable_after_start)
     _running(job, 1)
     started = time.monotonic()
-    assert supervisor.run_driver(job.pk, 1, "host1") == "lease expired"
+    assert driver_supervisor.run_driver(job.pk, 1, "host1") == "lease expired"
     assert time.monotonic() - started >= 2
     pid = int(_starts(job)[0].split()[0])
     assert not Path(f"/proc/{pid}").exists(), "the driver outlived its lease"

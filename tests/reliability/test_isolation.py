@@ -9,23 +9,19 @@ the kernel said. Needs root (CI runs as root): only root can switch accounts.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-import subprocess
-import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
+from agent import driver_supervisor
 from jobs import states
-from jobs.execution import supervisor
 from jobs.models import TrainingJob
+from tests.support import enterable_roots, python_for, tar_gz, upload_and_submit
 
 BASE = 200_000
 
@@ -59,47 +55,16 @@ json.dump({"seen": seen, "own": own, "uid": os.getuid(), "gid": os.getgid(),
 """
 
 
-def _archive(files: dict[str, str]) -> io.BytesIO:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    buf.seek(0)
-    return buf
-
-
-def _python_for(uid: int) -> str | None:
-    """An interpreter an arbitrary account may run (the test's own may sit under /root)."""
-    for python in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        try:
-            subprocess.run([python, "-c", "import ctypes, json"], user=uid, group=uid,
-                           extra_groups=[], check=True, capture_output=True)
-            return python
-        except (OSError, subprocess.CalledProcessError):
-            continue
-    return None
-
-
 @pytest.fixture
 def shared(settings):
     """Data, model, upload and result roots in a folder every account can enter, and the
     agent configured for isolation."""
     if os.geteuid() != 0:
         pytest.skip("only a host agent running as root runs jobs as other accounts (CI is root)")
-    python = _python_for(BASE + 1)
+    python = python_for(BASE + 1)
     if python is None:
         pytest.skip("no Python interpreter here may be run by an unprivileged account")
-    root = Path(tempfile.mkdtemp(prefix="edt-isolation-"))
-    root.chmod(0o755)
-    for sub in ("data", "models", "results", "uploads"):
-        (root / sub).mkdir(mode=0o755)
-    settings.EDT_DATA_ROOTS = [root / "data"]
-    settings.EDT_MODEL_ROOTS = [root / "models"]
-    settings.EDT_RESULT_ROOT = root / "results"
-    settings.EDT_UPLOAD_ROOT = root / "uploads"
+    root = enterable_roots(settings, "edt-isolation-")
     settings.EDT_RUN_AS_UID_BASE = BASE
     settings.EDT_SERVICE_GID = ""
     settings.EDT_USER_PYTHON = python
@@ -107,28 +72,15 @@ def shared(settings):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _upload_and_submit(user, name: str, files: dict[str, str], script: str, cluster):
-    from datasets.services import dataset_create_from_archive
-    from jobs.services import job_submit
-    from models.services import model_create_from_archive
-
-    dataset = dataset_create_from_archive(owner=user, name=f"{name}-data", archive=_archive(files))
-    model = model_create_from_archive(owner=user, name=f"{name}-model", dataset=dataset,
-                                      archive=_archive({f"{name}model/main.py": script}))
-    job = job_submit(user=user, model=model, instance_group=cluster["instance_group"],
-                     max_workers=1)
-    return dataset, model, job
-
-
 def _run(job: TrainingJob, attempt: int = 1) -> str:
     TrainingJob.objects.filter(pk=job.pk).update(state=states.RUNNING, attempt=attempt,
                                                  heartbeat=timezone.now())
-    return supervisor.run_driver(job.pk, attempt, "host1")
+    return driver_supervisor.run_driver(job.pk, attempt, "host1")
 
 
 @pytest.mark.django_db
 def test_a_users_script_cannot_read_another_users_folders(shared, owner, other, cluster):
-    b_data, b_model, b_job = _upload_and_submit(
+    b_data, b_model, b_job = upload_and_submit(
         other, "b", {"bdata/train/secret.txt": "B-DATA", "bdata/test/t.txt": "t"}, B_SCRIPT,
         cluster)
     assert _run(b_job) == states.FINISHED
@@ -136,9 +88,9 @@ def test_a_users_script_cannot_read_another_users_folders(shared, owner, other, 
     from datasets.services import dataset_create_from_archive
 
     b_unused = dataset_create_from_archive(
-        owner=other, name="b-unused", archive=_archive({"u/train/x.txt": "X", "u/test/y": "Y"}))
+        owner=other, name="b-unused", archive=tar_gz({"u/train/x.txt": "X", "u/test/y": "Y"}))
 
-    a_data, a_model, a_job = _upload_and_submit(
+    a_data, a_model, a_job = upload_and_submit(
         owner, "a", {"adata/train/mine.txt": "A-DATA", "adata/test/t.txt": "t"}, PROBE, cluster)
     b_results = Path(b_job.result_dir)
     probes = {
@@ -182,7 +134,7 @@ def test_a_users_script_cannot_read_another_users_folders(shared, owner, other, 
 
 @pytest.mark.django_db
 def test_the_agent_follows_no_link_a_job_left_in_its_folder(shared, owner, cluster):
-    _, _, job = _upload_and_submit(
+    _, _, job = upload_and_submit(
         owner, "a", {"adata/train/mine.txt": "A", "adata/test/t.txt": "t"}, ADDR, cluster)
     assert _run(job) == states.FINISHED
     victim = shared / "victim"
@@ -216,12 +168,12 @@ def test_an_uploaded_model_folder_cannot_be_registered_again_by_path(roots, owne
     from datasets.services import dataset_create
     from models.services import model_create, model_create_from_archive
 
-    data = dataset_create(owner=other, name="d", train_path=str(roots["data"] / "cifar" /
-                          "train_db"), test_path=str(roots["data"] / "cifar" / "test_db"))
+    data = dataset_create(owner=other, name="d", train_path="cifar/train_db",
+                          test_path="cifar/test_db")
     upload = model_create_from_archive(owner=other, name="m", dataset=data,
-                                       archive=_archive({"m/main.py": "print(1)\n"}))
-    mine = dataset_create(owner=owner, name="mine", train_path=data.train_path,
-                          test_path=data.test_path)
+                                       archive=tar_gz({"m/main.py": "print(1)\n"}))
+    mine = dataset_create(owner=owner, name="mine", train_path="cifar/train_db",
+                          test_path="cifar/test_db")
     with pytest.raises(ValidationError) as err:
         model_create(owner=owner, name="stolen", location=upload.location, dataset=mine)
     assert "location" in err.value.message_dict

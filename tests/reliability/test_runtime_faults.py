@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import control, wire
+from runtime import wire
 from runtime.launcher import LocalJob
 from runtime.tests.helpers import (
     SCRIPT,
@@ -295,7 +295,7 @@ def test_a_worker_partitioned_from_its_driver_is_dropped_and_the_others_finish(
             t0 = time.monotonic()
             # No heartbeat from w2 within the peer timeout: the driver asks the others to
             # re-form at the next boundary.
-            wait_until(lambda: control.status(job.driver_addr)["generation"] == 1
+            wait_until(lambda: job.status()["generation"] == 1
                        and _pending(job), "the driver to notice w2 is gone", timeout=30)
             noticed = time.monotonic() - t0
             (hold / "go-0-3").touch()
@@ -320,7 +320,7 @@ def test_a_worker_partitioned_from_its_driver_is_dropped_and_the_others_finish(
 def _pending(job: LocalJob) -> bool:
     """Whether the driver now wants the members to stop at the next boundary: what a
     heartbeat is told, asked under an id that is no member (so it changes nothing)."""
-    with wire.connect(job.driver_addr) as sock:
+    with wire.connect(job.driver_addr, job.secret) as sock:
         wire.send_msg(sock, {"op": "link", "worker_id": "test-observer"})
         wire.send_msg(sock, {"op": "beat", "reports": []})
         reply, _ = wire.recv_msg(sock)
@@ -347,12 +347,12 @@ def test_it_completes_every_epoch_under_seeded_worker_kills(tmp_path: Path,
         for n, at in enumerate(kills):
             wait_for_step(tmp_path, lambda s, at=at: s["global_step"] >= at,
                           f"global step {at}", timeout=60)
-            victim = rng.choice(sorted(control.status(job.driver_addr)["members"]))
+            victim = rng.choice(sorted(job.status()["members"]))
             job.kill_worker(victim)
             killed.append(victim)
             job.add_worker(f"r{n}")
             if n < len(kills) - 1:
-                wait_until(lambda n=n: f"r{n}" in control.status(job.driver_addr)["members"],
+                wait_until(lambda n=n: f"r{n}" in job.status()["members"],
                            f"replacement r{n} to join", timeout=60)
         assert job.wait(150) == 0, driver_log(tmp_path)
     assert len(set(killed)) == 3
@@ -405,7 +405,7 @@ def test_a_chaos_soak_killing_a_random_worker_every_20_to_60_s_ends_complete(
                        or job.driver.poll() is not None, f"kill {n + 1} at {gap:.0f}s",
                        timeout=gap + 5)
             assert job.driver.poll() is None, "the job ended before the soak did"
-            victim = rng.choice(sorted(control.status(job.driver_addr)["members"]))
+            victim = rng.choice(sorted(job.status()["members"]))
             job.kill_worker(victim)
             killed.append(victim)
             kill_times.append(time.time())

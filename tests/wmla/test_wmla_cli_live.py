@@ -91,7 +91,9 @@ def test_the_cli_drives_an_exec_end_to_end(dlicmd, wmla_model_dir):
     assert "PENDING_CRD_SCHEDULER" in watch.stdout and "workers 0/2" in watch.stdout
     assert "priority 9000" in watch.stdout
 
-    assert dlicmd("--exec-outlogs", exec_id).stdout == ""
+    # As WMLA's dlicmd: each process's own output, read through the scheduler view; a job
+    # still pending has a driver with nothing written yet, and no executor.
+    assert dlicmd("--exec-outlogs", exec_id).stdout == "==== driver stdout ====\n"
 
     # What the runtime leaves in the result folder, so the download has something to carry.
     result_dir = Path(job.result_dir)
@@ -101,6 +103,18 @@ def test_the_cli_drives_an_exec_end_to_end(dlicmd, wmla_model_dir):
     assert saved.strip() == f"Train result is saved to {exec_id}-result.zip"
     with zipfile.ZipFile(dlicmd.cwd / f"{exec_id}-result.zip") as archive:
         assert archive.namelist() == ["model/model_epoch_final.pth"]
+
+    # Once its processes have written output, each one's shows under its own heading.
+    logs = Path(job.result_dir) / "log"
+    for name, text in (("driver", "rendezvous open\n"), ("host1-slot0", "a print\n"),
+                       ("host2-slot0", "another print\n")):
+        (logs / name).mkdir(parents=True)
+        (logs / name / "stdout").write_text(text)
+    assert dlicmd("--exec-outlogs", exec_id).stdout == (
+        "==== driver stdout ====\nrendezvous open\n"
+        "==== executor 1 stdout ====\na print\n"
+        "==== executor 2 stdout ====\nanother print\n"
+    )
 
     assert "succeed" in dlicmd("--exec-stop", exec_id).stdout
     watch = dlicmd("--exec-watch", exec_id, "--interval", "0.2", check=False)

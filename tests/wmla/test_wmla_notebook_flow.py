@@ -203,14 +203,22 @@ def cluster_processes(live_server, dl_rest_url, roots):
         out.close()
 
 
+# IBM's CPD notebook names no data path: its model makes or fetches its own data.
+CPD_NOTEBOOK_ARGS = (
+    "--exec-start edtPyTorch --cs-datastore-meta type=fs --model-dir edt-linear "
+    "--edt-options maxWorkers=2 --model-main main.py"
+)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
+@pytest.mark.parametrize("args", [NOTEBOOK_ARGS, CPD_NOTEBOOK_ARGS], ids=["edt", "cpd"])
 def test_the_notebook_flow_runs_to_finished(
-    dl_rest_url, wmla_model_dir, cluster_processes, tmp_path
+    live_server, dl_rest_url, wmla_model_dir, cluster_processes, tmp_path, args
 ):
-    r = submit_like_the_notebook(dl_rest_url, wmla_model_dir, NOTEBOOK_ARGS)
+    r = submit_like_the_notebook(dl_rest_url, wmla_model_dir, args)
     assert r.ok, r.content
-    exec_id = r.json()["id"]
+    exec_id, sig_id, driver_id = r.json()["id"], r.json()["sigId"], r.json()["submissionId"]
     try:
         body = poll_state(dl_rest_url + "/execs/" + exec_id, {"FINISHED", "ERROR", "KILLED"},
                           300, auth=AUTH)
@@ -219,10 +227,26 @@ def test_the_notebook_flow_runs_to_finished(
                  for p in cluster_processes.iterdir()}
         raise AssertionError(f"the exec did not end; process logs: {tails}") from None
     assert body["state"] == "FINISHED", body
+    assert body["progress"]["epochs"] == body["progress"]["epoch"] == 2, body
+    # The training log holds only ELog lines; this model prints its own, which stay in the
+    # driver's whole output, downloaded as the notebook downloads it from Conductor.
     log = requests.get(f"{dl_rest_url}/execs/{exec_id}/log?logType=outerrlog", auth=AUTH,
                        headers=HEADERS, timeout=10).json()
-    assert "end" in log
+    assert "begin" not in log
+    sc_rest_url = live_server.url + "/platform/rest/conductor/v1"
+    apps = requests.get(sc_rest_url + "/instances/" + sig_id + "/applications?state=FINISHED",
+                        auth=AUTH, headers=HEADERS, timeout=10).json()
+    assert [job["driver"]["id"] for job in apps] == [driver_id]
+    app_url = sc_rest_url + "/instances/" + sig_id + "/applications/" + driver_id
+    output = [requests.get(app_url + "/logs/stdout/download", auth=AUTH, timeout=10,
+                           headers={"Accept": "application/octet-stream"}).text]
+    for executor in apps[0]["executors"]:
+        output.append(requests.get(app_url + "/" + executor["id"] + "/logs/stdout/download",
+                                   auth=AUTH, headers={"Accept": "application/octet-stream"},
+                                   timeout=10).text)
+    assert apps[0]["executors"] and "end" in "".join(output), output
     result = requests.get(f"{dl_rest_url}/execs/{exec_id}/result", auth=AUTH, timeout=60)
     assert result.ok and "filename=" in result.headers["Content-Disposition"]
+    assert int(result.headers["Content-Disposition"].split("size=")[1]) == len(result.content)
     names = zipfile.ZipFile(io.BytesIO(result.content)).namelist()
     assert any(n.startswith("model/") for n in names), names

@@ -1,0 +1,65 @@
+"""Helpers shared by tests that run jobs under other accounts."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+
+def tar_gz(files: dict[str, str]) -> io.BytesIO:
+    """A gzipped tar archive holding ``files`` (name -> text), as a user would upload it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+def python_for(uid: int) -> str | None:
+    """An interpreter an arbitrary account may run (the test's own may sit under /root)."""
+    for python in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        try:
+            subprocess.run([python, "-c", "import ctypes, json"], user=uid, group=uid,
+                           extra_groups=[], check=True, capture_output=True)
+            return python
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    return None
+
+
+def upload_and_submit(user, name: str, files: dict[str, str], script: str, cluster):
+    """``user`` uploads ``files`` as a dataset and ``script`` as a model's main file, and
+    submits a one-worker job of it; returns (dataset, model, job)."""
+    from datasets.services import dataset_create_from_archive
+    from jobs.services import job_submit
+    from models.services import model_create_from_archive
+
+    dataset = dataset_create_from_archive(owner=user, name=f"{name}-data", archive=tar_gz(files))
+    model = model_create_from_archive(owner=user, name=f"{name}-model", dataset=dataset,
+                                      archive=tar_gz({f"{name}model/main.py": script}))
+    job = job_submit(user=user, model=model, instance_group=cluster["instance_group"],
+                     max_workers=1)
+    return dataset, model, job
+
+
+def enterable_roots(settings, prefix: str) -> Path:
+    """Data, model, result and upload roots in a new folder that every account may enter, as a
+    real install's ``var/`` is, pointed at by ``settings``; returns the folder (the caller
+    removes it)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    for sub in ("data", "models", "results", "uploads"):
+        (root / sub).mkdir(mode=0o755)
+    settings.EDT_DATA_ROOTS = [root / "data"]
+    settings.EDT_MODEL_ROOTS = [root / "models"]
+    settings.EDT_RESULT_ROOT = root / "results"
+    settings.EDT_UPLOAD_ROOT = root / "uploads"
+    return root
