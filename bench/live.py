@@ -64,7 +64,8 @@ def prepare(root: Path, tag: str) -> dict[str, str]:
         "LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
     }
-    for folder in ("var", "data/d/train", "data/d/test", "models/m"):
+    # data/bench/: the bench user's own area of the data root.
+    for folder in ("var", "data/bench/d/train", "data/bench/d/test", "models/m"):
         (root / folder).mkdir(parents=True)
     (root / "models/m/main.py").write_text("print('bench')\n")
     os.environ.update({k: env[k] for k in env if k.startswith(("EDT_", "DATABASE_", "REDIS_"))})

@@ -253,8 +253,8 @@ def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], floa
             if i % 2 == 0:
                 wid = f"j{i}"
                 job.add_worker(wid)
-                _wait(lambda wid=wid: wid in control.status(job.driver_addr)["joining"]
-                      or wid in control.status(job.driver_addr)["members"], f"{wid} registered")
+                _wait(lambda wid=wid: wid in job.status()["joining"]
+                      or wid in job.status()["members"], f"{wid} registered")
                 events = [json.loads(line) for line in
                           (tmp / "log" / "events.jsonl").read_text().splitlines()]
                 t_req = next(e["ts"] for e in reversed(events)
@@ -262,7 +262,7 @@ def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], floa
                 target, bucket = 3, joins
             else:
                 t_req = time.time()
-                control.request_leave(job.driver_addr, f"j{i - 1}", wait=False)
+                control.request_leave(job.driver_addr, job.secret, f"j{i - 1}", wait=False)
                 target, bucket = 2, leaves
             first = _wait(lambda t=t_req, n=target: next(
                 (r for r in _steps(log) if r["size"] == n and r["ts_start"] >= t), None),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobs.scheduler import POLICIES, JobDemand, allocate  # noqa: E402
+from scheduler import POLICIES, JobDemand, allocate  # noqa: E402
 
 JOB_COUNTS = (100, 1_000, 10_000)
 HOST_COUNTS = (10, 100, 1_000)
@@ -136,7 +136,7 @@ def service_cycle_ms(n_jobs: int) -> float | None:
     from django.db import connection
     from django.test.utils import setup_test_environment
 
-    from jobs.notify import redis_client
+    from config.control_plane import redis_client
 
     setup_test_environment()
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
@@ -157,9 +157,9 @@ def _service_cycles(n_jobs: int) -> float:
     from datasets.models import Dataset
     from jobs import states
     from jobs.models import TrainingJob
-    from jobs.scheduler.service import SchedulerService
     from models.models import ModelDefinition
     from resources.models import Host, InstanceGroup, ResourceGroup
+    from scheduler.service import SchedulerService
 
     class NoProcesses:
         """The execution layer is not part of the cycle: it only receives messages."""
