@@ -28,7 +28,10 @@ Variables (all optional except where a role needs them):
 ``EDT_MIN_WORKERS``            workers the driver waits for before the first generation (1)
 ``EDT_RDZV_GRACE_S``           how long the driver waits for more joiners before it forms
                                a generation from the ones it has (default 0.5)
-``EDT_PEER_TIMEOUT_S``         bound on detecting a dead peer or driver (default 20)
+``EDT_PEER_TIMEOUT_S``         bound on detecting a dead peer or driver, from the driver
+                               link's beats (default 20); also bounds forming a group
+``EDT_COLLECTIVE_TIMEOUT_S``   how long a collective waits on peers that are alive (a slow
+                               step is not a dead peer; default 3600)
 ``EDT_HEARTBEAT_S``            worker liveness beat period (default 1; membership changes
                                are pushed by the driver at once, not polled)
 ``EDT_PULL_WEIGHT_TIME_OUT``   seconds a joiner waits for the weights (default 120)
@@ -96,6 +99,7 @@ class JobEnv:
     rdzv_grace_s: float
     peer_timeout_s: float
     heartbeat_s: float
+    collective_timeout_s: float
     pull_timeout_s: float
     pull_failed_limits: int
     seed: int
@@ -127,6 +131,8 @@ class JobEnv:
             rdzv_grace_s=_float("EDT_RDZV_GRACE_S", 0.5),
             peer_timeout_s=_float("EDT_PEER_TIMEOUT_S", 20.0),
             heartbeat_s=_float("EDT_HEARTBEAT_S", 1.0),
+            collective_timeout_s=max(_float("EDT_PEER_TIMEOUT_S", 20.0),
+                                     _float("EDT_COLLECTIVE_TIMEOUT_S", 3600.0)),
             pull_timeout_s=_float("EDT_PULL_WEIGHT_TIME_OUT", 120.0),
             pull_failed_limits=max(1, _int("EDT_PULL_FAILED_LIMITS", 3)),
             seed=_int("EDT_SEED", 0),

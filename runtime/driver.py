@@ -220,9 +220,9 @@ class Driver:
                 if closed.is_set():
                     return
                 if view != last or time.monotonic() - sent_at >= keepalive:
-                    generation, pending, stop = view
+                    generation, pending, stop, broken = view
                     wire.send_msg(sock, {"generation": generation, "pending": pending,
-                                         "stop": stop})
+                                         "stop": stop, "broken": broken})
                     last, sent_at = view, time.monotonic()
         except (OSError, ValueError):
             try:

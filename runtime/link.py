@@ -6,6 +6,7 @@ import collections
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import wire
@@ -16,15 +17,21 @@ class DriverLink(threading.Thread):
 
     Upwards it carries reports (sent as soon as they are queued, at most every
     ``REPORT_SPACING_S``) and a liveness beat every ``period_s``; downwards the driver
-    pushes its view ``(generation, pending, stop)`` the moment membership changes, and
-    at least every second as its own beat. Nothing polls: a worker learns of a change
-    within one network round trip, and an idle link costs two small messages a second.
+    pushes its view ``(generation, pending, stop, broken)`` the moment membership
+    changes, and at least every second as its own beat. Nothing polls: a worker learns of
+    a change within one network round trip, and an idle link costs two small messages a
+    second.
+
+    ``on_broken(generation)`` is called (on the link's thread) when the driver says a
+    member of ``generation`` is gone, and ``on_broken(None)`` when the driver itself is:
+    the worker then leaves whatever collective it waits in instead of waiting on the dead.
     """
 
     REPORT_SPACING_S = 0.1
 
     def __init__(self, addr: str, secret: str, worker_id: str, period_s: float,
-                 peer_timeout_s: float):
+                 peer_timeout_s: float,
+                 on_broken: Callable[[int | None], object] = lambda generation: None):
         super().__init__(name="edt-driver-link", daemon=True)
         self.addr = addr
         self.secret = secret
@@ -35,6 +42,9 @@ class DriverLink(threading.Thread):
         # generation than the worker's own is stale and must not trigger a re-sync.
         self.view: tuple[int, bool] = (-1, False)
         self.lost = False
+        self.on_broken = on_broken
+        self.broken_generation = -1  # the latest generation the driver said was broken
+        self._sock: socket.socket | None = None
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._wake = threading.Event()
         self._stop_evt = threading.Event()
@@ -50,8 +60,12 @@ class DriverLink(threading.Thread):
         try:
             while True:
                 msg, _ = wire.recv_msg(sock)
-                self.view = (int(msg.get("generation", -1)), bool(msg.get("pending")))
+                generation = int(msg.get("generation", -1))
+                self.view = (generation, bool(msg.get("pending")))
                 self._last_heard = time.monotonic()
+                if msg.get("broken") and generation != self.broken_generation:
+                    self.broken_generation = generation
+                    self.on_broken(generation)
         except (OSError, ValueError):
             broken.set()
             self._wake.set()
@@ -65,7 +79,13 @@ class DriverLink(threading.Thread):
         broken = threading.Event()
         threading.Thread(target=self._listen, args=(sock, broken),
                          name="edt-driver-push", daemon=True).start()
+        self._sock = sock
         return sock, broken
+
+    def fileno(self) -> int:
+        """The descriptor of the link's connection now (-1 between connections)."""
+        sock = self._sock
+        return sock.fileno() if sock is not None else -1
 
     def _send(self, sock: socket.socket) -> None:
         reports = []
@@ -83,7 +103,10 @@ class DriverLink(threading.Thread):
 
     def _end(self, lost: bool) -> None:
         self.lost = lost
+        self._sock = None
         self._flushed.set()
+        if lost:
+            self.on_broken(None)
 
     def _wait_for_work(self) -> None:
         if self._queue:

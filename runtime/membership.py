@@ -46,7 +46,7 @@ from .errors import (
     UserCodeError,
 )
 from .link import DriverLink
-from .process_group import broadcast_blob, destroy_group, init_group
+from .process_group import abort_group, broadcast_blob, destroy_group, init_group
 from .reports import Reports
 from .results import Results
 from .state import TrainingState
@@ -170,7 +170,7 @@ class WorkerMembership(Membership):
         self._on_regroup = on_regroup
         env = self.env
         self.link = DriverLink(env.driver_addr, env.secret, self.worker_id, env.heartbeat_s,
-                               env.peer_timeout_s)
+                               env.peer_timeout_s, on_broken=abort_group)
         self.link.start()
         self._apply(self._join())
 
@@ -313,7 +313,11 @@ class WorkerMembership(Membership):
         if group.world > 1:
             store = dist.PrefixStore(f"edt/{group.generation}/", self._group_store())
             init_group(self.backend, store, group.rank, group.world,
-                       datetime.timedelta(seconds=self.env.peer_timeout_s))
+                       datetime.timedelta(seconds=self.env.collective_timeout_s),
+                       generation=group.generation, own_sockets=self._own_sockets)
+            if self.link is not None and self.link.broken_generation == group.generation:
+                # A member was lost while the group formed (too early for abort_group).
+                raise PeerFailure(f"a member of generation {group.generation} was lost")
         blob = self._fetch_state(a["state_version"]) if a.get("fetch_state") else None
         if a.get("broadcast") and group.world > 1:
             if group.rank == 0 and blob is None:
@@ -330,6 +334,11 @@ class WorkerMembership(Membership):
         _, blob = self._request({"op": "fetch_state", "min_version": version,
                                  "timeout": wait_s}, timeout=wait_s + 30)
         return blob
+
+    def _own_sockets(self) -> set[int]:
+        """Sockets to the driver, which aborting a process group must leave alone."""
+        mine = self._store.filenos() if self._store is not None else set()
+        return mine | {self.link.fileno()} if self.link is not None else mine
 
     def _group_store(self) -> LinkStore:
         """The driver's key-value store, over the authenticated link (see runtime.store)."""

@@ -1,16 +1,29 @@
 """The ``torch.distributed`` process group of one generation: forming it, running its
-collectives, throwing it away.
+collectives, aborting it, throwing it away.
 
-Every collective failure (a peer died; gloo or nccl gave up after ``EDT_PEER_TIMEOUT_S``)
-comes out of here as :class:`~runtime.errors.PeerFailure`, which the training loop answers
-by forming the next generation, never by ending the job.
+Every collective failure (a peer died; the group was aborted) comes out of here as
+:class:`~runtime.errors.PeerFailure`, which the training loop answers by forming the next
+generation, never by ending the job.
+
+Liveness does not come from the collectives. A collective waits as long as its peers are
+alive, however slow their step (up to ``EDT_COLLECTIVE_TIMEOUT_S``); whether a peer is
+alive is the driver's call, from each worker's link. When the driver says a member of
+this generation is gone, :func:`abort_group` gets this process out of whatever collective
+it is in at once. nccl can abort a communicator. gloo cannot (its ``abort`` does nothing,
+and a peer that destroys its side does not release a member blocked on it), so the group's
+own sockets are shut down under it: its blocked receive fails as if the peer had reset the
+connection, and so does every peer still connected to those sockets.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Iterator
+import os
+import socket
+import stat
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,16 +39,54 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+class _Current:
+    """The group this process is in: its generation, and (gloo) the sockets it opened.
+
+    The lock keeps an abort (from the link's thread) and a destroy (from the training
+    loop) apart, so an abort never shuts a socket that has been closed and reused since.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.generation: int | None = None
+        self.backend = ""
+        self.sockets: set[tuple[int, int]] = set()  # (fd, inode) the group opened
+
+
+_current = _Current()
+
+
+def _open_sockets() -> set[tuple[int, int]]:
+    """``(fd, inode)`` of every socket this process holds."""
+    found: set[tuple[int, int]] = set()
+    if not os.path.isdir("/proc/self/fd"):
+        return found  # not Linux: an abort then waits for the collective's timeout
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            st = os.stat(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile, or listdir's own descriptor
+        if stat.S_ISSOCK(st.st_mode):
+            found.add((int(name), st.st_ino))
+    return found
+
+
 def init_group(backend: str, store: Any, rank: int, world: int,
-               timeout: datetime.timedelta) -> None:
-    """``init_process_group`` that leaves this process as it found it when it fails.
+               timeout: datetime.timedelta, generation: int = 0,
+               own_sockets: Callable[[], set[int]] = set) -> None:
+    """``init_process_group`` for ``generation``, leaving this process as it found it when
+    it fails.
 
     Each call numbers its group from a process-wide counter, and that number is part of
     every store key the group's members wait for. ``destroy_process_group`` resets the
     counter, but a call that fails (a peer killed while the generation formed) never had a
     group to destroy: without the reset, this process would count one ahead of every fresh
     joiner and no later generation could ever form with them.
+
+    ``own_sockets`` names sockets opened meanwhile that are not the group's (the store's
+    connection), so that :func:`abort_group` leaves them alone.
     """
+    before = _open_sockets()
     try:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=timeout)
@@ -44,10 +95,51 @@ def init_group(backend: str, store: Any, rank: int, world: int,
         if not dist.is_initialized() and hasattr(c10d, "_world"):
             c10d._world.group_count = 0  # what destroy_process_group() would have done
         raise PeerFailure(f"process group init: {_first_line(exc)}") from exc
+    mine = own_sockets()
+    with _current.lock:
+        _current.generation, _current.backend = generation, backend
+        _current.sockets = {s for s in _open_sockets() - before if s[0] not in mine}
+
+
+def abort_group(generation: int | None = None) -> bool:
+    """Get this process out of the current group's collectives now; they fail with
+    :class:`PeerFailure`. Only the group of ``generation`` is aborted when one is given (a
+    late word about an older generation must not break the next). Safe from any thread.
+    Returns whether a group was aborted."""
+    with _current.lock:
+        if _current.generation is None or generation not in (None, _current.generation):
+            return False
+        if _current.backend == "nccl":
+            with contextlib.suppress(Exception):
+                dist.distributed_c10d._abort_process_group()
+        for fd, inode in _current.sockets:
+            _shut(fd, inode)
+        _current.generation = None
+        return True
+
+
+def _shut(fd: int, inode: int) -> None:
+    """Shut the connection at ``fd`` down both ways, if it is still one the group opened.
+
+    The group's listening socket is left alone: gloo ends the process when its accept
+    fails, while a failed connection is an error it reports to the collective."""
+    try:
+        if os.fstat(fd).st_ino != inode:
+            return
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    with contextlib.suppress(OSError):
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 def destroy_group() -> None:
     """Throw the current group away, if there is one (a broken one included)."""
+    with _current.lock:
+        _current.generation = None
+        _current.sockets = set()
     if dist.is_available() and dist.is_initialized():
         try:
             dist.destroy_process_group()

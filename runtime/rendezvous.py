@@ -156,13 +156,16 @@ class Rendezvous:
                 self.cv.wait(min(left, 0.5))
             return self.assignments.pop(worker_id)
 
-    def wait_view(self, last: tuple | None, timeout: float) -> tuple[int, bool, bool]:
-        """What a worker's link is told, ``(generation, pending, stop requested)``, once it
-        differs from ``last`` or after ``timeout`` seconds."""
+    def wait_view(self, last: tuple | None, timeout: float) -> tuple[int, bool, bool, bool]:
+        """What a worker's link is told, ``(generation, pending, stop requested, broken)``,
+        once it differs from ``last`` or after ``timeout`` seconds. ``broken``: a member of
+        this generation is lost, so its collectives can never complete."""
         deadline = time.monotonic() + timeout
         with self.cv:
             while True:
-                current = (self.generation, self._pending_locked(), self.stop_requested)
+                broken = any(m in self.lost for m in self.members)
+                current = (self.generation, self._pending_locked(), self.stop_requested,
+                           broken)
                 left = deadline - time.monotonic()
                 if current != last or left <= 0:
                     return current

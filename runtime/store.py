@@ -164,7 +164,10 @@ class LinkStore(dist.Store):
         return data or b""
 
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        seconds = timeout.total_seconds() if timeout is not None else self._timeout_s
+        # A group's collectives may wait long on a slow peer, but forming it is quick when
+        # every member is alive: a member missing for the peer timeout is not coming.
+        seconds = self._timeout_s if timeout is None else min(timeout.total_seconds(),
+                                                               self._timeout_s)
         self._request({"call": "wait", "keys": list(keys), "timeout": seconds}, wait_s=seconds)
 
     def check(self, keys: list[str]) -> bool:
@@ -180,6 +183,12 @@ class LinkStore(dist.Store):
         twin = LinkStore(self._addr, self._secret, self._timeout_s)
         self._clones.append(twin)  # see the class docstring
         return twin
+
+    def filenos(self) -> set[int]:
+        """The descriptors of this store's connections (and its clones')."""
+        with self._lock:
+            mine = {sock.fileno() for sock in self._idle}
+        return mine.union(*(twin.filenos() for twin in self._clones))
 
     def close(self) -> None:
         with self._lock:

@@ -2,7 +2,9 @@
 
 Knobs (environment): TEST_EPOCHS, TEST_SAMPLES, TEST_BATCH, TEST_ENGINES, TEST_DELAY_S
 (sleep per sample, to make steps slow enough to act mid-epoch), TEST_KILL_AT
-("epoch:iteration": this worker SIGKILLs itself inside that step), TEST_FAIL
+("epoch:iteration": this worker SIGKILLs itself inside that step), TEST_SLOW_AT
+("epoch:iteration:seconds": this worker's step takes that much longer), TEST_HOLD_AT and
+TEST_HOLD_DIR (hold steps until the test releases them; see hold()), TEST_FAIL
 (dataset_raises | bad_return | nan_loss), TEST_CKPT_FREQ, TEST_ONNX.
 """
 
@@ -27,10 +29,13 @@ FAIL = os.environ.get("TEST_FAIL", "")
 HOLD_DIR = os.environ.get("TEST_HOLD_DIR")
 HOLD_AT = {tuple(int(v) for v in p.split(":"))
            for p in os.environ.get("TEST_HOLD_AT", "").split(",") if p}
+SLOW_AT = os.environ.get("TEST_SLOW_AT", "")
 
 
 def hold(epoch, it):
-    """Block the step (epoch, it) until the test creates go-<epoch>-<it> (bounded)."""
+    """Block the step (epoch, it) until the test creates go-<epoch>-<it> (bounded); the
+    file at-<epoch>-<it> says the step is being held."""
+    open(os.path.join(HOLD_DIR, f"at-{epoch}-{it}"), "w").close()
     path = os.path.join(HOLD_DIR, f"go-{epoch}-{it}")
     deadline = time.monotonic() + 120
     while not os.path.exists(path):
@@ -69,13 +74,15 @@ def accuracy(output, target):
 
 def loss_fn(output, target):
     # Called in the middle of a step, so a kill here is a kill mid-iteration.
-    if KILL_AT or HOLD_AT:
+    if KILL_AT or HOLD_AT or SLOW_AT:
         ctx = runtime.current()
         here = (ctx["epoch"], ctx["iteration"])
         if KILL_AT and here == tuple(int(v) for v in KILL_AT.split(":")):
             os.kill(os.getpid(), signal.SIGKILL)
         if here in HOLD_AT:
             hold(*here)
+        if SLOW_AT and ":".join(map(str, here)) == SLOW_AT.rsplit(":", 1)[0]:
+            time.sleep(float(SLOW_AT.rsplit(":", 1)[1]))
     loss = nn.functional.cross_entropy(output, target)
     if FAIL == "nan_loss":
         return loss * float("nan")

@@ -9,6 +9,7 @@ standalone run's losses and weights (the global batch and sample order never cha
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -149,6 +150,68 @@ def test_it_survives_a_worker_killed_mid_iteration(tmp_path: Path, reference: Pa
     assert after["ts_start"] - before["ts"] < 8, timeline
     lost = [e for e in events(tmp_path) if e["type"] == "worker.left" and e["worker_id"] == "w1"]
     assert lost and lost[0]["reason"] == "lost"
+    assert_same_training(tmp_path, reference)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+
+
+def _first_step_at(result_dir: Path, size: int) -> dict:
+    return next(r for r in steps(result_dir) if r["size"] == size)
+
+
+@pytest.mark.slow
+def test_a_step_three_peer_timeouts_long_is_waited_for_not_taken_for_a_dead_peer(
+        tmp_path: Path, reference: Path) -> None:
+    # w0's step 3 takes 9 s; w1 waits for it in the all-reduce. Both stay alive on their
+    # links, so nothing re-forms and the training is the standalone one.
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="2",
+                   EDT_PEER_TIMEOUT_S="3")
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0", env_extra={"TEST_SLOW_AT": "0:3:9"})
+        job.add_worker("w1")
+        assert job.wait(150) == 0, driver_log(tmp_path)
+    rows = steps(tmp_path)
+    slow = next(r for r in rows if (r["epoch"], r["batch"]) == (0, 3))
+    assert slow["ts"] - slow["ts_start"] >= 9
+    assert {r["generation"] for r in rows} == {1}
+    assert "re-forming" not in driver_log(tmp_path)
+    left = {e["worker_id"]: e["reason"] for e in events(tmp_path) if e["type"] == "worker.left"}
+    assert left == {"w0": "finished", "w1": "finished"}
+    assert_same_training(tmp_path, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_a_member_lost_during_a_long_step_releases_the_others_within_the_peer_timeout(
+        tmp_path: Path, reference: Path, how: str) -> None:
+    """w1 is held inside step 3 while w0 and w2 wait for it in the all-reduce, then killed
+    (its sockets close) or frozen (they stay open: only the driver's word can release the
+    others). Either way the survivors train at size 2 well within the peer timeout, not
+    after the collective's own timeout (10 minutes here)."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="3",
+                   EDT_PEER_TIMEOUT_S="4", EDT_COLLECTIVE_TIMEOUT_S="600")
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        job.add_worker("w1", env_extra={"TEST_HOLD_DIR": str(hold), "TEST_HOLD_AT": "0:3"})
+        job.add_worker("w2")
+        wait_until((hold / "at-0-3").exists, "w1 inside step 3")
+        lost_at = time.time()
+        if how == "SIGKILL":
+            job.kill_worker("w1")
+        else:
+            job.workers["w1"].send_signal(signal.SIGSTOP)
+        wait_for_step(tmp_path, lambda r: r["size"] == 2, "a step at size 2")
+        job.kill_worker("w1")  # a frozen one too, so that the job can end
+        assert job.wait(150) == 0, driver_log(tmp_path)
+    after = _first_step_at(tmp_path, 2)
+    assert (after["epoch"], after["batch"]) == (0, 3)
+    # SIGKILL: the driver's link closes at once. SIGSTOP: the link falls silent, and the
+    # driver calls the member lost after the 4 s peer timeout.
+    bound = 3 if how == "SIGKILL" else 4 + 3
+    assert after["ts_start"] - lost_at < bound, driver_log(tmp_path)
     assert_same_training(tmp_path, reference)
     assert_every_sample_once(tmp_path, SAMPLES, 2)
 
