@@ -50,7 +50,8 @@ LOG_TYPES = {
 # As WMLA's dlicmd: --exec-outlogs / --exec-errlogs print each process's own output (driver, then
 # every executor), read through the scheduler view; the --exec-train* flags print the training
 # log (ELog lines) of /execs/{id}/log.
-PROCESS_LOGS = {"--exec-outlogs": "stdout", "--exec-errlogs": "stderr"}
+PROCESS_LOGS = {"--exec-outlogs": "stdout", "--exec-errlogs": "stderr",
+                "--exec-launcherlogs": "launcherlog"}
 # Options that tell dlicmd where and how to connect: never part of the submitted args string.
 CONNECTION_OPTIONS_WITH_VALUE = (
     "--rest-host", "--master-host", "--rest-port", "--dli-rest-port", "--username",
@@ -136,7 +137,9 @@ def print_help() -> None:
           [--numWorker N | --edt-options maxWorkers=N] [--workerDeviceNum N]
           [--msd-env NAME=value ...] [--msd-priority N] [--appName NAME] [-- script args]
    dlicmd --exec-get | --exec-stop | --exec-delete | --exec-watch <exec-id>
-   dlicmd --exec-outlogs | --exec-errlogs | --exec-trainlogs | --exec-trainresult <exec-id>
+   dlicmd --exec-outlogs | --exec-errlogs | --exec-launcherlogs | --exec-trainlogs
+          | --exec-trainresult <exec-id>
+   dlicmd --exec-delete-all          (your ended execs; active ones stay)
    dlicmd --exec-priority <exec-id> <1..10000>
 
 Connection options:
@@ -636,6 +639,17 @@ def cmd_exec_delete(client: Client, flags, exec_id: str) -> int:
     return 0
 
 
+def cmd_exec_delete_all(client: Client, flags, argv: list[str]) -> int:
+    """Delete every ended exec of yours; active ones stay."""
+    resp = client.request("DELETE", f"{client.dli}/execs")
+    if not resp.ok:
+        return fail_response(resp, "Delete all execs")
+    body = resp.json()
+    print(f"Deleted {len(body.get('deleted', []))} execs; {body.get('kept', 0)} still active "
+          f"were kept. HTTP:{resp.status_code}")
+    return 0
+
+
 def cmd_process_logs(client: Client, flags, exec_id: str, stream: str) -> int:
     """The driver's and each executor's ``stream`` (stdout or stderr), one after the other."""
     resp = client.request("GET", f"{client.dli}/execs/{exec_id}")
@@ -683,6 +697,7 @@ SERVER_COMMANDS = {
     "--exec-start": cmd_exec_start,
     "--exec-get-all": cmd_exec_get_all,
     "--exec-priority": cmd_exec_priority,
+    "--exec-delete-all": cmd_exec_delete_all,
 }
 EXEC_COMMANDS = {
     "--exec-get": cmd_exec_get,

@@ -3,10 +3,20 @@ EDT documentation tells users to write one, and the cluster the tutorial sets up
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
+from django.conf import settings
+from django.core.management import get_commands
+from django.db import connection
+
+from resources.models import Host
 
 # A complete EDT model in WMLA's style: fabric.zip from $FABRIC_HOME, a dataset function
 # returning two torch Datasets, a logger callback, engines_number as train's third argument.
@@ -66,3 +76,108 @@ def wmla_model_dir(tmp_path: Path) -> Path:
     (folder / "main.py").write_text(MAIN_PY)
     (folder / "README.txt").write_text("A tiny WMLA EDT model.\n")
     return folder
+
+
+@pytest.fixture
+def dl_rest_url(transactional_db, live_server, roots, owner, cluster, dataset) -> str:
+    return live_server.url + "/platform/rest/deeplearning/v1"
+
+
+DLICMD = str(Path(settings.BASE_DIR) / "dlicmd.py")
+
+
+@pytest.fixture
+def dlicmd(transactional_db, live_server, roots, owner, cluster, dataset, tmp_path):
+    url = urlparse(live_server.url)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "DLICMD_TOKEN_FILE": str(home / ".dlicmd"), "HOME": str(home)}
+    # Run it as a user would on a laptop: no Django settings in its environment.
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    connection = ["--rest-host", url.hostname, "--rest-port", str(url.port)]
+
+    def run(*args: str, connect: bool = True, check: bool = True):
+        # Where to connect goes before ``-- script args``, which reach the script unchanged.
+        cut = args.index("--") if "--" in args else len(args)
+        extra = connection if connect else []
+        argv = [sys.executable, DLICMD, *args[:cut], *extra, *args[cut:]]
+        done = subprocess.run(  # noqa: S603
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        if check:
+            assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done
+
+    run.token_file = home / ".dlicmd"  # type: ignore[attr-defined]
+    run.cwd = tmp_path  # type: ignore[attr-defined]
+    return run
+
+
+# --- a real scheduler and host agent, for runs to FINISHED ---------------------------------
+
+CLUSTER_COMMANDS = ("run_scheduler", "run_host_agent")
+AGENT_HOST = "wmla-flow-host"
+
+
+def _database_url_for_subprocesses() -> str | None:
+    db = connection.settings_dict
+    if db["ENGINE"] == "django.db.backends.postgresql":
+        user = db.get("USER") or "postgres"
+        password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+        return (f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:"
+                f"{db.get('PORT') or 5432}/{db['NAME']}")
+    name = str(db["NAME"])
+    if db["ENGINE"] == "django.db.backends.sqlite3" and "memory" not in name and name:
+        return f"sqlite:///{name}"
+    return None
+
+
+@pytest.fixture
+def cluster_processes(live_server, dl_rest_url, roots):
+    missing = [c for c in CLUSTER_COMMANDS if c not in get_commands()]
+    if missing:
+        pytest.skip(f"manage.py {', '.join(missing)} does not exist yet: nothing can run the job")
+    database_url = _database_url_for_subprocesses()
+    if database_url is None:
+        pytest.skip("the test database is in memory; set DATABASE_URL (PostgreSQL) so the "
+                    "scheduler and host agent processes can share it")
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": settings.REDIS_URL,
+        "EDT_DATA_ROOTS": ",".join(str(p) for p in settings.EDT_DATA_ROOTS),
+        "EDT_MODEL_ROOTS": ",".join(str(p) for p in settings.EDT_MODEL_ROOTS),
+        "EDT_RESULT_ROOT": str(settings.EDT_RESULT_ROOT),
+        "EDT_UPLOAD_ROOT": str(settings.EDT_UPLOAD_ROOT),
+        "EDT_CPU_SLOTS": "2",
+        "SECRET_KEY": settings.SECRET_KEY,
+    }
+    # The shared fixture's two hosts have no agent behind them: only the real agent's may hold
+    # slots here.
+    Host.objects.all().delete()
+    logs = roots["tmp"] / "cluster-logs"
+    logs.mkdir()
+    commands = {
+        "run_scheduler": ["run_scheduler", "--interval", "1"],
+        "run_host_agent": ["run_host_agent", "--name", AGENT_HOST, "--cpu-slots", "2",
+                           "--address", "127.0.0.1"],
+    }
+    if "run_events" in get_commands():
+        commands["run_events"] = ["run_events"]
+    procs = []
+    for name, argv in commands.items():
+        out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen(  # noqa: S603
+            [sys.executable, "manage.py", *argv], cwd=settings.BASE_DIR, env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        ), out))
+    yield logs
+    for proc, out in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        out.close()

@@ -6,46 +6,10 @@ logoff."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
-from urllib.parse import urlparse
-
-import pytest
-from django.conf import settings
 
 from jobs.models import TrainingJob
-
-DLICMD = str(Path(settings.BASE_DIR) / "dlicmd.py")
-
-
-@pytest.fixture
-def dlicmd(transactional_db, live_server, roots, owner, cluster, dataset, tmp_path):
-    url = urlparse(live_server.url)
-    home = tmp_path / "home"
-    home.mkdir()
-    env = {**os.environ, "DLICMD_TOKEN_FILE": str(home / ".dlicmd"), "HOME": str(home)}
-    # Run it as a user would on a laptop: no Django settings in its environment.
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    connection = ["--rest-host", url.hostname, "--rest-port", str(url.port)]
-
-    def run(*args: str, connect: bool = True, check: bool = True):
-        # Where to connect goes before ``-- script args``, which reach the script unchanged.
-        cut = args.index("--") if "--" in args else len(args)
-        extra = connection if connect else []
-        argv = [sys.executable, DLICMD, *args[:cut], *extra, *args[cut:]]
-        done = subprocess.run(  # noqa: S603
-            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
-        )
-        if check:
-            assert done.returncode == 0, (args, done.stdout, done.stderr)
-        return done
-
-    run.token_file = home / ".dlicmd"  # type: ignore[attr-defined]
-    run.cwd = tmp_path  # type: ignore[attr-defined]
-    return run
 
 
 def test_the_cli_drives_an_exec_end_to_end(dlicmd, wmla_model_dir):
@@ -116,6 +80,9 @@ def test_the_cli_drives_an_exec_end_to_end(dlicmd, wmla_model_dir):
         "==== executor 2 stdout ====\nanother print\n"
     )
 
+    launcher = dlicmd("--exec-launcherlogs", exec_id).stdout
+    assert launcher.startswith("==== driver launcherlog ====\n") and "executor 2" in launcher
+
     assert "succeed" in dlicmd("--exec-stop", exec_id).stdout
     watch = dlicmd("--exec-watch", exec_id, "--interval", "0.2", check=False)
     assert watch.returncode == 1 and "ended: KILLED" in watch.stdout
@@ -144,3 +111,15 @@ def test_a_wrong_password_is_refused_and_nothing_is_saved(dlicmd):
     refused = dlicmd("--logon", "--username", "alice", "--password", "wrong", check=False)
     assert refused.returncode == 1 and "Authentication error" in refused.stderr
     assert not dlicmd.token_file.exists()
+
+
+def test_delete_all_removes_the_ended_execs_and_keeps_the_active(dlicmd, wmla_model_dir):
+    dlicmd("--logon", "--username", "alice", "--password", "alice-pass-1234")
+    submit = ("--exec-start", "edtPyTorch", "--model-dir", str(wmla_model_dir), "--model-main",
+              "main.py", "--cs-datastore-meta", "type=fs,data_path=cifar10EDTpytorch")
+    ended, active = (json.loads(dlicmd(*submit).stdout)["execId"] for _ in range(2))
+    dlicmd("--exec-stop", ended)
+    out = dlicmd("--exec-delete-all").stdout
+    assert out.startswith("Deleted 1 execs; 1 still active were kept."), out
+    remaining = [e["id"] for e in json.loads(dlicmd("--exec-get-all", "-o", "json").stdout)]
+    assert remaining == [active]

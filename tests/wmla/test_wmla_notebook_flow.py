@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import io
 import os
-import signal
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -22,12 +19,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from django.conf import settings
-from django.core.management import get_commands
-from django.db import connection
 
 from jobs.models import TrainingJob
-from resources.models import Host
 
 ACTIVE = {"SUBMITTED", "PENDING_CRD_SCHEDULER", "LAUNCHING", "RUNNING", "RECOVERING"}
 AUTH = ("alice", "alice-pass-1234")
@@ -70,11 +63,6 @@ NOTEBOOK_ARGS = (
     "         --model-dir edt-linear         --edt-options maxWorkers=2"
     "         --model-main main.py         "
 )
-
-
-@pytest.fixture
-def dl_rest_url(transactional_db, live_server, roots, owner, cluster, dataset) -> str:
-    return live_server.url + "/platform/rest/deeplearning/v1"
 
 
 def test_the_notebook_flow_submits_and_follows_an_exec(live_server, dl_rest_url, wmla_model_dir):
@@ -133,75 +121,7 @@ def test_a_foreign_exec_is_a_404_over_http(live_server, dl_rest_url, wmla_model_
     assert r.status_code == 404
 
 
-# --- the whole run: needs the scheduler and a host agent ------------------------------------
-
-CLUSTER_COMMANDS = ("run_scheduler", "run_host_agent")
-AGENT_HOST = "wmla-flow-host"
-
-
-def _database_url_for_subprocesses() -> str | None:
-    db = connection.settings_dict
-    if db["ENGINE"] == "django.db.backends.postgresql":
-        user = db.get("USER") or "postgres"
-        password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-        return (f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:"
-                f"{db.get('PORT') or 5432}/{db['NAME']}")
-    name = str(db["NAME"])
-    if db["ENGINE"] == "django.db.backends.sqlite3" and "memory" not in name and name:
-        return f"sqlite:///{name}"
-    return None
-
-
-@pytest.fixture
-def cluster_processes(live_server, dl_rest_url, roots):
-    missing = [c for c in CLUSTER_COMMANDS if c not in get_commands()]
-    if missing:
-        pytest.skip(f"manage.py {', '.join(missing)} does not exist yet: nothing can run the job")
-    database_url = _database_url_for_subprocesses()
-    if database_url is None:
-        pytest.skip("the test database is in memory; set DATABASE_URL (PostgreSQL) so the "
-                    "scheduler and host agent processes can share it")
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "REDIS_URL": settings.REDIS_URL,
-        "EDT_DATA_ROOTS": ",".join(str(p) for p in settings.EDT_DATA_ROOTS),
-        "EDT_MODEL_ROOTS": ",".join(str(p) for p in settings.EDT_MODEL_ROOTS),
-        "EDT_RESULT_ROOT": str(settings.EDT_RESULT_ROOT),
-        "EDT_UPLOAD_ROOT": str(settings.EDT_UPLOAD_ROOT),
-        "EDT_CPU_SLOTS": "2",
-        "SECRET_KEY": settings.SECRET_KEY,
-    }
-    # The shared fixture's two hosts have no agent behind them: only the real agent's may hold
-    # slots here.
-    Host.objects.all().delete()
-    logs = roots["tmp"] / "cluster-logs"
-    logs.mkdir()
-    commands = {
-        "run_scheduler": ["run_scheduler", "--interval", "1"],
-        "run_host_agent": ["run_host_agent", "--name", AGENT_HOST, "--cpu-slots", "2",
-                           "--address", "127.0.0.1"],
-    }
-    if "run_events" in get_commands():
-        commands["run_events"] = ["run_events"]
-    procs = []
-    for name, argv in commands.items():
-        out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed below
-        procs.append((subprocess.Popen(  # noqa: S603
-            [sys.executable, "manage.py", *argv], cwd=settings.BASE_DIR, env=env,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        ), out))
-    yield logs
-    for proc, out in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        out.close()
-
+# --- the whole run: needs the scheduler and a host agent (tests/wmla/conftest.py) -------
 
 # IBM's CPD notebook names no data path: its model makes or fetches its own data.
 CPD_NOTEBOOK_ARGS = (
