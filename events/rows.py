@@ -88,7 +88,11 @@ def _store_event(job_id: int, event: Event, when: datetime, stream_id: str | Non
             job_id=job_id, type=event_type, source=source, message=message, data=data, ts=when
         )
         if event["type"] == "epoch.end" and "epoch" in event:
-            TrainingJob.objects.filter(pk=job_id).update(epoch=_count(event["epoch"]) + 1)
+            # The epochs the script really trains (what it passed to train()), which its
+            # own arguments may set instead of the job's hyper-parameters.
+            total = {"epochs": _count(event.get("epochs"))} if _count(event.get("epochs")) else {}
+            TrainingJob.objects.filter(pk=job_id).update(epoch=_count(event["epoch"]) + 1,
+                                                         **total)
     return True
 
 

@@ -42,7 +42,8 @@ Types and their fields (stable; the console depends on them):
 - ``metrics.train``: ``epoch``, ``iteration`` (step in epoch, 1-based), ``global_step``,
   ``loss``, one key per metric (``accuracy``, ...), ``samples_per_s``, ``workers``
 - ``metrics.test``: ``epoch``, ``loss``, one key per metric, ``samples``
-- ``epoch.end``: ``epoch``, ``global_step``, ``loss``, metrics, ``duration_s``
+- ``epoch.end``: ``epoch``, ``epochs`` (how many the job trains), ``global_step``, ``loss``,
+  metrics, ``duration_s``
 - ``checkpoint.saved``: ``path``, ``epoch`` (epochs completed), ``sha256``
 - ``checkpoint.skipped``: ``path``, ``epoch``, ``seq``, ``reason`` (a checkpoint not loaded
   because it is missing, corrupt or not a plain training state; the one before is tried)

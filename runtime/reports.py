@@ -36,8 +36,8 @@ class Reports:
             events.emit("metrics.test", epoch=r["epoch"], samples=r.get("samples"), **metrics)
         elif kind == "epoch":
             avg = {k: v / max(1, self._n) for k, v in self._acc.items()}
-            events.emit("epoch.end", epoch=r["epoch"], global_step=r["global_step"],
-                        duration_s=r.get("duration_s"), **avg)
+            events.emit("epoch.end", epoch=r["epoch"], epochs=r.get("epochs"),
+                        global_step=r["global_step"], duration_s=r.get("duration_s"), **avg)
 
     def _train(self, r: dict[str, Any]) -> None:
         metrics: dict[str, float] = r["metrics"]

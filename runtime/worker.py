@@ -328,7 +328,7 @@ class Trainer:
             metrics, n = test
             self.members.report({"kind": "test", "epoch": epoch, "metrics": metrics,
                                  "samples": n})
-        self.members.report({"kind": "epoch", "epoch": epoch,
+        self.members.report({"kind": "epoch", "epoch": epoch, "epochs": self.cfg["epochs"],
                              "global_step": self.pos.global_step,
                              "duration_s": time.monotonic() - self._epoch_t0})
         cf = self.cfg["checkpoint_freq"]

@@ -67,6 +67,21 @@ def test_a_training_metric_becomes_a_row_and_moves_the_progress(job):
     assert (job.epoch, job.iteration) == (2, 4)
 
 
+def test_the_end_of_an_epoch_moves_the_progress_and_says_how_many_epochs_there_are(job):
+    # A WMLA script that takes its epochs from its own arguments: the job named none.
+    TrainingJob.objects.filter(pk=job.pk).update(epochs=0)
+    end = {"type": "epoch.end", "job_id": str(job.pk), "source": "driver", "ts": 7.0,
+           "epoch": 2, "epochs": 3, "global_step": 9}
+    assert ingest(end)
+    job.refresh_from_db()
+    assert (job.epoch, job.epochs) == (3, 3)
+    # An event without the count (an older runtime) or with nonsense leaves it as it is.
+    assert ingest({**end, "ts": 8.0, "epochs": "many"})
+    assert ingest({k: v for k, v in end.items() if k != "epochs"} | {"ts": 9.0})
+    job.refresh_from_db()
+    assert job.epochs == 3
+
+
 def test_a_redelivered_event_is_stored_once(job):
     assert ingest(train(job, 1000.5), stream_id="1-0")
     assert not ingest(train(job, 1000.5), stream_id="1-0")
