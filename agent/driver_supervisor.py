@@ -30,7 +30,7 @@ from jobs.services import record_event
 from resources.models import Host
 from runtime import control
 from runtime.checkpoint import advance_fence
-from runtime.config import DRIVER_EXIT_STOPPED
+from runtime.config import DRIVER_EXIT_FAILED, DRIVER_EXIT_STOPPED
 
 log = logging.getLogger("edt.execution")
 
@@ -281,12 +281,12 @@ def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int,
             return job.state
         if rc in (0, DRIVER_EXIT_STOPPED):
             return _driver_ended(job, host_name, finished=rc == 0)
-        fatal = child.fatal_error()
-        if fatal:
-            return _fail_now(job_id, attempt, host_name, f"The script cannot start: {fatal}",
-                             exit_code=rc)
-        # Anything else may succeed on retry: let the scheduler recover it now (new attempt from
-        # the latest checkpoint), counting against the job's restart budget.
+        verdict = _users_fault(rc, child)
+        if verdict:
+            return _fail_now(job_id, attempt, host_name, verdict, exit_code=rc)
+        # Anything else may be the machine's fault and succeed on retry: let the scheduler
+        # recover it now (new attempt from the latest checkpoint), counting against the
+        # job's restart budget.
         tail = "\n".join(child.tail(10))
         job.heartbeat = None
         job.error = f"Driver exited with code {rc}:\n{tail}"[-4000:]
@@ -297,6 +297,30 @@ def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int,
         )
         wake_scheduler("driver.lost", job=job_id)
         return f"exited {rc}"
+
+
+def _users_fault(rc: int, child: Child | None) -> str | None:
+    """Why the job failed, when the driver's end says the user's code is at fault (a retry
+    would only fail again, and spend the restart budget); None when it may be the machine's.
+
+    - the driver ended the job FAILED (a worker's or its own callback's exception);
+    - the script could not start (syntax or import error, main file unreadable);
+    - the process ended on an exception (exit 1 with a traceback): the user's code raised
+      outside training (at import, before or after ``train()``).
+    """
+    if child is None:
+        return None
+    traceback = child.last_traceback()
+    if rc == DRIVER_EXIT_FAILED:
+        said = next((line for line in reversed(child.tail(200))
+                     if line.startswith("Job FAILED: ")), "Job FAILED")
+        return f"{said.removeprefix('Job FAILED: ')}\n\n{traceback}" if traceback else said
+    fatal = child.fatal_error()
+    if fatal:
+        return f"The script cannot start: {fatal}" + (f"\n\n{traceback}" if traceback else "")
+    if rc == 1 and traceback:
+        return f"The script failed: {traceback.splitlines()[-1]}\n\n{traceback}"
+    return None
 
 
 def _fail_now(job_id: int, attempt: int, host_name: str, error: str, **data: object) -> str:

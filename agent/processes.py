@@ -81,6 +81,8 @@ FATAL_LINE = re.compile(
     r"|^\S+: can't open file .*\[Errno \d+\]"
 )
 
+TRACEBACK_START = "Traceback (most recent call last):"
+
 # Runs first in the child: ask the kernel to SIGKILL it when its parent (the agent's thread that
 # started it) dies, so a killed agent never leaves a process holding a slot that the scheduler
 # has released; then exec the real command.
@@ -584,6 +586,22 @@ class Child:
                 continue
             return line if FATAL_LINE.match(line) else None
         return None
+
+    def last_traceback(self) -> str | None:
+        """The last Python traceback in the process's output, down to its exception line.
+
+        A process that ends on an exception of the user's code prints one; a machine fault
+        (killed, out of memory, a lost host) does not."""
+        lines = self.tail(200)
+        starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK_START)]
+        if not starts:
+            return None
+        block = []
+        for line in lines[starts[-1]:]:
+            block.append(line)
+            if len(block) > 1 and line[:1].strip():  # not indented: the exception line
+                break
+        return "\n".join(block)
 
 
 class Registry:

@@ -55,9 +55,12 @@ Variables (all optional except where a role needs them):
                                agent); its result writes are fenced by it (``checkpoint``)
 =============================  ==============================================================
 
-Exit codes of a driver process: 0 the job finished (its final model is saved), 1 it
-failed, :data:`DRIVER_EXIT_STOPPED` it was stopped on request (``stop``). Only the host
-agent knows whether a stop came from the console; it alone decides what a stop means.
+Exit codes of a driver process: 0 the job finished (its final model is saved),
+:data:`DRIVER_EXIT_FAILED` the job failed for a reason no retry can mend (the user's code
+raised, on a worker or in the driver's own callbacks; the reason is its last line,
+``Job FAILED: ...``), :data:`DRIVER_EXIT_STOPPED` it was stopped on request (``stop``).
+Any other end (a signal, a crash) may be a fault of the machine and is retried. Only the
+host agent knows whether a stop came from the console; it alone decides what a stop means.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ import os
 from dataclasses import dataclass, field
 
 DRIVER_EXIT_STOPPED = 5
+DRIVER_EXIT_FAILED = 6
 
 
 def _float(name: str, default: float) -> float:

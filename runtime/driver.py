@@ -2,9 +2,10 @@
 
 It runs the user's script with ``EDT_ROLE=driver``; ``FabricModel.train()`` then serves
 the control endpoint (JSON over TCP, see :mod:`runtime.wire`) instead of training, and
-returns when the job finished (exits 1 when it FAILED, ``DRIVER_EXIT_STOPPED`` when it
-was stopped). It also keeps the keys the workers' process groups rendezvous on
-(:mod:`runtime.store`), served on the same endpoint: the driver listens on one port only.
+returns when the job finished (exits ``DRIVER_EXIT_FAILED`` when it FAILED,
+``DRIVER_EXIT_STOPPED`` when it was stopped). It also keeps the keys the workers' process
+groups rendezvous on (:mod:`runtime.store`), served on the same endpoint: the driver
+listens on one port only.
 
 The endpoint binds ``EDT_DRIVER_HOST`` and serves only connections that prove they hold
 the job's secret (``EDT_JOB_SECRET``) first; any other is closed with nothing served.
@@ -31,7 +32,7 @@ from typing import Any
 from . import checkpoint, events, wire
 from . import state as state_mod
 from .callbacks import ELogLogger, call
-from .config import DRIVER_EXIT_STOPPED, JobEnv
+from .config import DRIVER_EXIT_FAILED, DRIVER_EXIT_STOPPED, JobEnv
 from .rendezvous import Rendezvous
 from .reports import Reports
 from .results import Results
@@ -357,8 +358,9 @@ def run_driver(env: JobEnv, logger: Any, cfg: dict[str, Any]) -> str:
     driver = Driver(env, logger, cfg)
     outcome = driver.run()
     if outcome == "FAILED":
-        # The workers' tracebacks are already in this log; end like a failed script.
-        raise SystemExit(1)
+        # The traceback and "Job FAILED: <why>" are the last lines of this log: the host
+        # agent ends the job with them, without a retry.
+        raise SystemExit(DRIVER_EXIT_FAILED)
     if outcome == "KILLED":
         # Stopped, not finished: whoever starts drivers decides what the stop meant (the
         # host agent ends the job KILLED only when the console asked for it).

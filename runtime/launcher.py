@@ -144,7 +144,8 @@ class LocalJob:
 
     def wait(self, timeout: float = 600.0) -> int:
         """Wait for the driver to exit, then for the workers; returns the driver's code
-        (0 finished, 1 failed, ``runtime.config.DRIVER_EXIT_STOPPED`` stopped)."""
+        (0 finished, ``DRIVER_EXIT_FAILED`` failed, ``DRIVER_EXIT_STOPPED`` stopped; see
+        :mod:`runtime.config`)."""
         if self.driver is None:
             raise RuntimeError("no driver")
         deadline = time.monotonic() + timeout

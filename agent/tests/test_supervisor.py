@@ -136,10 +136,12 @@ class SyncExecutor:
 
 
 @pytest.mark.django_db
-def test_a_script_that_always_crashes_ends_failed_after_its_restart_budget(
+def test_a_driver_that_is_always_killed_ends_failed_after_its_restart_budget(
     job, script, django_capture_on_commit_callbacks
 ):
-    script(ADDR_AND_ENV + "raise RuntimeError('boom')\n")
+    # Killed from outside (the kernel's out-of-memory killer, say): maybe the machine's
+    # fault, so it is retried, but only within the budget.
+    script(ADDR_AND_ENV + "import signal; os.kill(os.getpid(), signal.SIGKILL)\n")
     job.max_restarts = 2
     job.save(update_fields=["max_restarts"])
     executor = SyncExecutor()
@@ -303,3 +305,29 @@ def test_a_superseded_driver_never_becomes_the_jobs_driver(job, script, tmp_path
     assert supervisor.driver_host(job.pk) is None
     job.refresh_from_db()
     assert job.state == states.RUNNING and job.attempt == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("tail", "says"), [
+    # The user's code raises outside training (at import, before train()).
+    ("raise RuntimeError('boom')\n", "The script failed: RuntimeError: boom"),
+    # The driver ends the job FAILED itself (a worker's exception, its own callback's).
+    ("print('Traceback (most recent call last):\\n  File \"cb.py\", line 3\\n'\n"
+     "      'ValueError: bad metric\\nJob FAILED: driver logger callback raised')\n"
+     "sys.exit(6)\n", "driver logger callback raised"),
+])
+def test_a_users_error_ends_the_job_failed_at_once_with_its_traceback(
+    job, script, django_capture_on_commit_callbacks, tail, says
+):
+    script(ADDR_AND_ENV + tail)
+    executor = SyncExecutor()
+    service = SchedulerService(executor, host_timeout_s=60)
+    for _ in range(4):
+        with django_capture_on_commit_callbacks(execute=True):
+            service.cycle()
+    job.refresh_from_db()
+    assert job.state == states.FAILED and job.error.startswith(says), job.error
+    assert "Traceback (most recent call last):" in job.error
+    assert executor.launches == [1] and job.restarts == 0
+    assert not job.allocations.filter(released_at__isnull=True).exists()
+

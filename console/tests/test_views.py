@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 
 import pytest
@@ -451,3 +452,12 @@ def test_the_dashboard_lists_pending_jobs(browser, owner, two_jobs, cluster):
     assert page.status_code == 200
     content = page.content.decode()
     assert content.count("priority 5000 · max 8") == 2
+
+
+def test_the_job_page_shows_the_restarts_used_and_a_traceback_as_it_was(browser, owner, job):
+    error = ("The script failed: ValueError: bad\n\nTraceback (most recent call last):\n"
+             '  File "main.py", line 3, in <module>\nValueError: bad')
+    TrainingJob.objects.filter(pk=job.pk).update(restarts=2, max_restarts=5, error=error)
+    page = browser(owner).get(reverse("job", args=[job.pk])).content.decode()
+    assert re.search(r"<dd[^>]*data-restarts>2 of 5</dd>", page)
+    assert '<pre class="error">The script failed: ValueError: bad\n\nTraceback' in page

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config import DRIVER_EXIT_STOPPED
+from runtime.config import DRIVER_EXIT_FAILED, DRIVER_EXIT_STOPPED
 from runtime.launcher import LocalJob
 
 from .helpers import (
@@ -250,7 +250,7 @@ def test_it_fails_the_job_when_the_dataset_function_raises(tmp_path: Path) -> No
         job.add_worker("w0")
         rc = job.wait(60)
         assert job.workers["w0"].returncode == 1
-    assert rc != 0
+    assert rc == DRIVER_EXIT_FAILED
     log = driver_log(tmp_path)
     assert "FileNotFoundError: no such dataset: /nowhere/train" in log
     assert "Traceback (most recent call last)" in log
