@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exec-start", dest="framework")
     p.add_argument("--exec-get-all", action="store_true")
     for flag in ("--exec-get", "--exec-stop", "--exec-delete", "--exec-trainresult",
-                 "--exec-watch", *LOG_TYPES):
+                 "--exec-watch", *dict.fromkeys([*LOG_TYPES, *PROCESS_LOGS])):
         p.add_argument(flag, dest="exec_id")
+    p.add_argument("--exec-delete-all", action="store_true")
     p.add_argument("--exec-priority", nargs=2, metavar=("EXEC_ID", "PRIORITY"))
     p.add_argument("-o", "--output", dest="output_format")
     p.add_argument("--rest-host", "--master-host", dest="rest_host")

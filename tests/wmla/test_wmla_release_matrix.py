@@ -60,12 +60,14 @@ def _until_ended(get_state, what: str, cluster_logs: Path, timeout: float = 420)
 
 
 def _elog_losses(log: str) -> list[float]:
-    """The losses a notebook plots from the training log: CSV lines of ``Name: value``."""
+    """The losses a notebook plots from the training log: CSV lines of ``Name: value``
+    (``Loss``, or ``loss`` from a 1.2.3 folder's own ``elog.py``)."""
     losses = []
     for line in log.splitlines():
-        fields = dict(f.strip().split(": ", 1) for f in line.split(",")[1:] if ": " in f)
-        assert "Loss" in fields, f"not an ELog line: {line!r}"
-        losses.append(float(fields["Loss"]))
+        fields = {k.lower(): v for k, v in (f.strip().split(": ", 1)
+                                            for f in line.split(",")[1:] if ": " in f)}
+        assert "loss" in fields, f"not an ELog line: {line!r}"
+        losses.append(float(fields["loss"]))
     return losses
 
 
