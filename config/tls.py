@@ -14,6 +14,7 @@ import datetime
 import ipaddress
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,3 +128,12 @@ def daphne_endpoint(port: int, cert: Certificate, host: str = "127.0.0.1") -> st
     """Daphne's ``-e`` argument that serves https on ``host:port`` with ``cert``."""
     return (f"ssl:{port}:privateKey={_escape(str(cert.key))}"
             f":certKey={_escape(str(cert.cert))}:interface={_escape(host.strip('[]'))}")
+
+
+def web_argv(host: str, port: int, https_port: int, tls: Certificate | None) -> list[str]:
+    """Daphne serving http on ``host:port`` and, given a certificate, https on
+    ``host:https_port``."""
+    argv = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port)]
+    if tls is not None:
+        argv += ["-e", daphne_endpoint(https_port, tls, host)]
+    return [*argv, "config.asgi:application"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import re
 import shlex
 import tomllib
@@ -17,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
-from django.core.management import get_commands, load_command_class
+from django.core.management import call_command, get_commands, load_command_class
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -167,11 +168,32 @@ def test_it_adds_the_gpu_worker_only_with_the_gpu_profile(services: dict) -> Non
     assert all("deploy" not in s for n, s in services.items() if n != "gpu-worker")
 
 
-def test_it_serves_the_console_with_daphne_on_port_8000(services: dict) -> None:
+def test_it_serves_the_console_over_http_on_8000_and_https_on_8443(services: dict) -> None:
     web = services["web"]
-    assert _command(web) == [["daphne", "-b", "0.0.0.0", "-p", "8000", "config.asgi:application"]]
+    assert _command(web) == [["python", "manage.py", "serve_web", "--host", "0.0.0.0",
+                              "--port", "8000", "--https-port", "8443"]]
     assert any(str(port).endswith(":8000") for port in web["ports"])
+    assert any(str(port).endswith(":8443") for port in web["ports"])
     assert "healthcheck" in web
+
+
+def test_the_web_command_makes_a_certificate_and_runs_daphne_with_it(
+    services: dict, settings, tmp_path
+) -> None:
+    from daphne.cli import CommandLineInterface
+
+    settings.VAR_DIR = tmp_path
+    argv = _command(services["web"])[0][2:]
+    out = io.StringIO()
+    call_command(*argv, "--check", stdout=out)
+    daphne = out.getvalue().split()
+    assert daphne[1:3] == ["-m", "daphne"]
+    options = CommandLineInterface().parser.parse_args(daphne[3:])
+    assert options.port == 8000 and options.host == "0.0.0.0"
+    (endpoint,) = options.socket_strings
+    assert endpoint.startswith("ssl:8443:privateKey=") and str(tmp_path / "tls") in endpoint
+    assert (tmp_path / "tls" / "cert.pem").is_file()
+    assert oct((tmp_path / "tls" / "key.pem").stat().st_mode & 0o777) == "0o600"
 
 
 def test_it_runs_a_cpu_host_agent_with_slots(services: dict) -> None:

@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from config.embedded_redis import redis_server_argv
 from config.redis_auth import URL_FILE, embedded_password, with_password
 from config.service_files import write_private
-from config.tls import Certificate, TlsError, certificate, daphne_endpoint
+from config.tls import Certificate, TlsError, certificate, web_argv
 from console.management.commands.bootstrap import admin_password_file
 from runtime.events import redacted
 
@@ -184,15 +184,6 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def web_argv(host: str, port: int, https_port: int, tls: Certificate | None) -> list[str]:
-    """Daphne serving http on ``host:port`` and, given a certificate, https on
-    ``host:https_port``."""
-    argv = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port)]
-    if tls is not None:
-        argv += ["-e", daphne_endpoint(https_port, tls, host)]
-    return [*argv, "config.asgi:application"]
 
 
 def _stop_children(children: list[Child]) -> None:
