@@ -110,10 +110,12 @@ def abort_group(generation: int | None = None) -> bool:
         if _current.generation is None or generation not in (None, _current.generation):
             return False
         if _current.backend == "nccl":
+            # nccl has a real abort; its own sockets are left to it.
             with contextlib.suppress(Exception):
                 dist.distributed_c10d._abort_process_group()
-        for fd, inode in _current.sockets:
-            _shut(fd, inode)
+        else:
+            for fd, inode in _current.sockets:
+                _shut(fd, inode)
         _current.generation = None
         return True
 
