@@ -39,6 +39,15 @@ def _slot_released(e: Event) -> str:
     return f"Slot on {e.get('host')}:{e.get('slot')} released"
 
 
+def _generation(e: Event) -> str:
+    """``Generation 5: 4 -> 8 workers in 1.2 s`` (the time since the change was asked for)."""
+    size, before = e.get("size"), e.get("previous_size")
+    sizes = f"{before} -> {size}" if isinstance(before, int) and before else f"{size}"
+    took = e.get("duration_s")
+    return f"Generation {e.get('generation')}: {sizes} workers" + (
+        f" in {took:.2f} s" if isinstance(took, int | float) else "")
+
+
 def _target(e: Event) -> str:
     return f"Scheduler target: {e.get('target', e.get('new'))} slots"
 
@@ -46,7 +55,7 @@ def _target(e: Event) -> str:
 _MESSAGES: dict[str, Callable[[Event], str]] = {
     # What the runtime reports about the job.
     "job.state": _job_state,
-    "generation.changed": lambda e: f"Generation {e.get('generation')}: {e.get('size')} workers",
+    "generation.changed": _generation,
     "worker.joined": lambda e: f"Worker {e.get('worker_id')} joined (rank {e.get('rank')})",
     "worker.left": lambda e: f"Worker {e.get('worker_id')} left ({e.get('reason', 'unknown')})",
     "epoch.end": _epoch_end,

@@ -102,7 +102,7 @@ class Driver:
             max_workers=env.max_workers,
             grace_s=env.rdzv_grace_s,
             peer_timeout_s=env.peer_timeout_s,
-            on_event=events.emit,
+            on_event=_emit_and_log,
         )
         blob = checkpoint.load_latest(env.checkpoint_dir)
         if blob is not None:
@@ -347,6 +347,16 @@ class Driver:
             config=self.cfg,
         )
         return json.loads(json.dumps(snap, default=str))
+
+
+def _emit_and_log(kind: str, **fields: Any) -> None:
+    """The rendezvous's events, and each rescale as a line of the job's log too."""
+    events.emit(kind, **fields)
+    if kind == "generation.changed" and fields.get("previous_size"):
+        took = fields.get("duration_s")
+        print(f"[edt] rescaled {fields['previous_size']} -> {fields['size']} workers "
+              f"(generation {fields['generation']})"
+              + (f" in {took:.2f} s" if took is not None else ""), flush=True)
 
 
 def run_driver(env: JobEnv, logger: Any, cfg: dict[str, Any]) -> str:

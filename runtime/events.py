@@ -31,8 +31,10 @@ logged once each.
 Types and their fields (stable; the console depends on them):
 
 - ``job.state``: ``state`` (RUNNING | FINISHED | FAILED | KILLED), ``error`` (str, optional)
-- ``generation.changed``: ``generation``, ``size``, ``members`` (worker ids, rank order),
-  ``joined``, ``left`` (worker ids), ``epoch``, ``iteration``
+- ``generation.changed``: ``generation``, ``size``, ``previous_size``, ``members`` (worker
+  ids, rank order), ``joined``, ``left`` (worker ids), ``epoch``, ``iteration``,
+  ``duration_s`` (from the change being asked for: a joiner registering, a leave requested, a
+  member found lost; to the new generation formed)
 - ``worker.joining``: ``worker_id``, ``generation`` (a new worker registered and waits for
   the next iteration boundary)
 - ``worker.joined``: ``worker_id``, ``generation``, ``rank``

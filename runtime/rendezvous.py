@@ -73,6 +73,10 @@ class Rendezvous:
         self.awaiting_upload: str | None = None  # a stopping worker still owes its state
         self.promised_version = 0  # state version a leaving worker is about to upload
         self._last_join = 0.0
+        self._formed_after: float | None = None
+        # When the change the next generation answers was first asked for (a joiner, a
+        # leave, a lost member): each rescale reports how long it took from there.
+        self._change_asked: float | None = None
 
     # -- driver-held state -------------------------------------------------------------
     def put_state(self, blob: bytes) -> int:
@@ -128,6 +132,8 @@ class Rendezvous:
             self.last_seen[worker_id] = time.monotonic()
             self._last_join = time.monotonic()
             self._emit("worker.joining", worker_id=worker_id, generation=self.generation)
+            if not self.members or self._room():
+                self._asked()
             self.cv.notify_all()
             while worker_id not in self.assignments:
                 left = deadline - time.monotonic()
@@ -146,6 +152,8 @@ class Rendezvous:
             ):
                 return {"action": "rejoin", "reason": "not a member of the current generation"}
             self.arrived[worker_id] = Arrival(global_step, failed)
+            if failed:
+                self._asked()
             self.last_seen[worker_id] = time.monotonic()
             self.cv.notify_all()
             while worker_id not in self.assignments:
@@ -186,6 +194,7 @@ class Rendezvous:
                 self.awaiting_upload = None
             if worker_id in self.members and worker_id not in self.finished:
                 self.lost.add(worker_id)
+                self._asked()
             self.cv.notify_all()
 
     def request_leave(self, worker_id: str) -> bool:
@@ -199,6 +208,7 @@ class Rendezvous:
             if worker_id not in self.members:
                 return worker_id in self.left
             self.leaving.add(worker_id)
+            self._asked()
             self.cv.notify_all()
             return True
 
@@ -228,6 +238,11 @@ class Rendezvous:
                 self._mark_left(worker_id, "finished")
             self.cv.notify_all()
 
+    def _asked(self) -> None:
+        """A change was asked for now (the first ask since the last generation counts)."""
+        if self._change_asked is None:
+            self._change_asked = time.monotonic()
+
     def _mark_left(self, worker_id: str, reason: str) -> None:
         self.left[worker_id] = reason
         self._emit("worker.left", worker_id=worker_id, reason=reason, generation=self.generation)
@@ -254,6 +269,7 @@ class Rendezvous:
             stale = now - self.last_seen.get(m, now) > self.peer_timeout_s
             if m not in self.lost and m not in self.arrived and stale:
                 self.lost.add(m)
+                self._asked()
                 self.cv.notify_all()
 
     def _all_arrived(self, now: float) -> bool:
@@ -329,6 +345,9 @@ class Rendezvous:
             self.joiners.pop(m, None)
         self.members = new
         self.generation += 1
+        self._formed_after = (time.monotonic() - self._change_asked
+                              if self._change_asked is not None else None)
+        self._change_asked = None
         if upload_from is not None:
             self.promised_version = self.state_version + 1
 
@@ -358,13 +377,16 @@ class Rendezvous:
 
     def _announce(self, old: list[str], joiners: list[str]) -> None:
         new = self.members
+        took = {} if self._formed_after is None else {"duration_s": round(self._formed_after, 3)}
         self._emit(
             "generation.changed",
             generation=self.generation,
             size=len(new),
+            previous_size=len(old),
             members=new,
             joined=joiners,
             left=[m for m in old if m not in new],
+            **took,
             **self.position,
         )
         for m in joiners:

@@ -26,6 +26,10 @@ from events.management.commands.run_events import _decode
         ({"type": "job.target", "new": 4}, "Scheduler target: 4 slots"),
         ({"type": "allocation.target", "target": 2, "new": 4}, "Scheduler target: 2 slots"),
         ({"type": "driver.started"}, "driver.started"),
+        ({"type": "generation.changed", "generation": 5, "size": 8, "previous_size": 4,
+          "duration_s": 1.234}, "Generation 5: 4 -> 8 workers in 1.23 s"),
+        ({"type": "generation.changed", "generation": 1, "size": 2, "previous_size": 0},
+         "Generation 1: 2 workers"),
     ],
 )
 def test_each_event_type_has_its_message(event, message):

@@ -118,6 +118,11 @@ def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path,
     assert_every_sample_once(tmp_path, SAMPLES, 2)
     changes = [e for e in events(tmp_path) if e["type"] == "generation.changed"]
     assert [e["size"] for e in changes] == [1, 4, 2, 3]
+    # Each rescale says how long it took, in the events and in the job's log.
+    assert all(e["duration_s"] >= 0 for e in changes)
+    log = driver_log(tmp_path)
+    for before, after in ((1, 4), (4, 2), (2, 3)):
+        assert f"[edt] rescaled {before} -> {after} workers" in log
     left = {e["worker_id"]: e["reason"] for e in events(tmp_path) if e["type"] == "worker.left"}
     assert left["w2"] == left["w3"] == "reclaimed"
 

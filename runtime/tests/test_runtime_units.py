@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -160,6 +161,36 @@ def test_it_drops_a_member_that_stops_heartbeating() -> None:
         rdzv.tick()
     assert replies["a"]["world_size"] == 1 and replies["a"]["generation"] == 2
     assert ("worker.left", {"worker_id": "b", "reason": "lost", "generation": 1}) in seen
+
+
+def test_a_rescale_says_how_long_it_took_from_the_ask() -> None:
+    import threading
+
+    seen: list = []
+    rdzv, replies = _formed_pair(seen)
+    rdzv.request_leave("b")
+    time.sleep(0.05)  # the members reach their boundary a while after the ask
+    syncs = [threading.Thread(target=lambda w=w: replies.update({w: rdzv.sync(w, 1, 5, False,
+                                                                                5)}))
+             for w in ("a", "b")]
+    for t in syncs:
+        t.start()
+    while any(t.is_alive() for t in syncs):
+        rdzv.tick()
+    changed = [f for t, f in seen if t == "generation.changed"][-1]
+    assert (changed["previous_size"], changed["size"], changed["left"]) == (2, 1, ["b"])
+    assert changed["duration_s"] >= 0.05
+
+
+def test_a_lost_member_breaks_its_generation_in_what_the_links_are_told() -> None:
+    seen: list = []
+    rdzv, _ = _formed_pair(seen)
+    generation, pending, stop, broken = rdzv.wait_view(None, 0)
+    assert (generation, pending, stop, broken) == (1, False, False, False)
+    rdzv.link_closed("b")
+    generation, pending, _, broken = rdzv.wait_view(None, 0)
+    # The survivors leave the collective they wait in; none waits on b any more.
+    assert (generation, pending, broken) == (1, True, True)
 
 
 def test_a_member_alive_but_missing_the_rendezvous_is_dropped_as_late_and_told_to_rejoin(
