@@ -133,10 +133,44 @@ def cluster_chart(*, instance_group: InstanceGroup, user) -> dict[str, Any]:
 
 
 def job_chart(*, job: TrainingJob) -> dict[str, Any]:
+    """Two stepped series on the same time points: the slots the scheduler granted the job,
+    and the workers really training (the runtime's generations). Between the two lies the
+    time a granted slot spends starting a worker, or a reclaimed one finishing its step."""
     rows = list(job.allocations.values_list("job_id", "granted_at", "released_at"))
     now = timezone.now()
-    data = _step_series(rows, [job.pk], _chart_start(rows, now))
-    return {"times": data["times"], "slots": data["series"][job.pk], "now": _ms(now)}
+    start = _chart_start(rows, now)
+    data = _step_series(rows, [job.pk], start)
+    training = _training_changes(job, start)
+    times = sorted(set(data["times"]) | {t for t, _ in training})
+    return {"times": times, "slots": _resample(data["times"], data["series"][job.pk], times),
+            "training": _resample([t for t, _ in training], [n for _, n in training], times),
+            "now": _ms(now)}
+
+
+def _training_changes(job: TrainingJob, start: datetime) -> list[tuple[int, int]]:
+    """``(ms, workers training)`` from ``start``: each generation's size, 0 once it ended."""
+    sizes = job.events.filter(type="generation.changed").order_by("ts", "id")
+    before = sizes.filter(ts__lte=start).last()
+    changes = [(_ms(start), _count_of(before.data.get("size")) if before else 0)]
+    changes += [(_ms(e.ts), _count_of(e.data.get("size"))) for e in sizes.filter(ts__gt=start)]
+    if job.is_terminal and job.finished and job.finished > start:
+        changes.append((_ms(job.finished), 0))
+    return changes
+
+
+def _count_of(value: object) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _resample(times: list[int], values: list[int], at: list[int]) -> list[int]:
+    """A stepped series (``values`` from each of ``times`` on) read at the points ``at``."""
+    out, i, current = [], 0, 0
+    for t in at:
+        while i < len(times) and times[i] <= t:
+            current = values[i]
+            i += 1
+        out.append(current)
+    return out
 
 
 def job_metrics(*, job: TrainingJob, limit: int = 5000) -> dict[str, list[dict[str, Any]]]:

@@ -7,9 +7,11 @@ import io
 import json
 import re
 import zipfile
+from datetime import timedelta
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from datasets.models import Dataset
 from jobs import states
@@ -461,3 +463,27 @@ def test_the_job_page_shows_the_restarts_used_and_a_traceback_as_it_was(browser,
     page = browser(owner).get(reverse("job", args=[job.pk])).content.decode()
     assert re.search(r"<dd[^>]*data-restarts>2 of 5</dd>", page)
     assert '<pre class="error">The script failed: ValueError: bad\n\nTraceback' in page
+
+
+def test_the_job_chart_shows_slots_granted_and_workers_training_apart(browser, owner, job,
+                                                                       cluster):
+    from events.ingest import ingest
+
+    host = cluster["hosts"][0]
+    now = timezone.now().timestamp()
+    for slot in range(3):
+        SlotAllocation.objects.create(job=job, host=host, slot=slot)
+    # The runtime trained on 1, then 2 workers: the third granted slot is still starting.
+    for i, size in enumerate((1, 2)):
+        ingest({"type": "generation.changed", "job_id": job.pk, "source": "driver",
+                "ts": now + i, "generation": i + 1, "size": size, "previous_size": size - 1})
+    chart = browser(owner).get(reverse("job-history", args=[job.pk])).json()["chart"]
+    assert len(chart["times"]) == len(chart["slots"]) == len(chart["training"])
+    assert chart["times"] == sorted(chart["times"])
+    assert (chart["slots"][-1], chart["training"][-1]) == (3, 2)
+    assert 1 in chart["training"]
+    # Once the job has ended, nothing trains any more.
+    TrainingJob.objects.filter(pk=job.pk).update(state="FINISHED",
+                                                 finished=timezone.now() + timedelta(seconds=5))
+    chart = browser(owner).get(reverse("job-history", args=[job.pk])).json()["chart"]
+    assert chart["training"][-1] == 0

@@ -13,9 +13,12 @@
   const PALETTE = ["#0f62fe", "#ff7eb6", "#198038", "#8a3ffc", "#fa4d56", "#1192e8", "#b28600",
     "#007d79", "#d12771", "#6929c4", "#9f1853", "#005d5d"];
   const OTHERS = "others";
+  // The job page's second band: the workers the runtime trains with, beside the slots granted.
+  const TRAINING = "training";
 
   function colour(key, index) {
     if (key === OTHERS) return "#a8a8a8";
+    if (key === TRAINING) return "#1b7f5b";
     const n = Number(key);
     return PALETTE[(Number.isFinite(n) ? n : index) % PALETTE.length];
   }
@@ -426,7 +429,10 @@
       setState(h.job.state);
       setText("[data-slots]", h.job.slots);
       setText("[data-progress]", progress(h.job.epoch, h.job.iteration));
-      slots.load(h.chart.times, [{ key: jobKey, label: "slots", data: h.chart.slots }], h.chart.now);
+      slots.load(h.chart.times, [
+        { key: jobKey, label: "slots granted", data: h.chart.slots },
+        { key: TRAINING, label: "workers training", data: h.chart.training || [] },
+      ], h.chart.now);
       loss.clear(); perEpoch.clear(); speed.clear();
       step = 0;
       const latest = (rows) => rows.reduce((t, m) => Math.max(t, m.ts), -Infinity);
@@ -476,7 +482,13 @@
         setText("[data-slots]", ev.slots);
         if (slots.value(jobKey) !== ev.slots) slots.set(jobKey, ev.slots, msOf(ev));
       }
-      if (t === "job.state") setState(ev.state);
+      if (t === "generation.changed" && typeof ev.size === "number") {
+        slots.set(TRAINING, ev.size, msOf(ev));
+      }
+      if (t === "job.state") {
+        setState(ev.state);
+        if (["FINISHED", "FAILED", "KILLED"].includes(ev.state)) slots.set(TRAINING, 0, msOf(ev));
+      }
       if (t === "checkpoint.saved" || t === "model.saved") {
         document.body.dispatchEvent(new CustomEvent("edt:results"));
       }

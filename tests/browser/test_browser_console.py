@@ -228,6 +228,8 @@ def test_a_job_page_updates_live_without_reload(page: Page, console, artifacts, 
         runtime_events.emit("log", stream="stdout", line="hello from worker 0")
         runtime_events.configure(source="driver", job_id=job, echo=False)
         runtime_events.emit("log", stream="stdout", line="driver: generation 1, 2 workers")
+        runtime_events.emit("generation.changed", generation=1, size=1, previous_size=0,
+                            members=["host3-slot0"], joined=["host3-slot0"], left=[])
         for step in (1, 2, 3):
             runtime_events.emit("metrics.train", epoch=1, iteration=step, global_step=step,
                                 loss=2.0 / step, accuracy=0.3 * step, samples_per_s=500.0,
@@ -246,6 +248,8 @@ def test_a_job_page_updates_live_without_reload(page: Page, console, artifacts, 
     except PlaywrightTimeout:
         raise AssertionError(f"loss chart series: {page.evaluate(series)}") from None
     assert "iteration 3" in page.inner_text("[data-progress]")
+    # Two slots granted, one worker training so far: the chart shows both, apart.
+    wait_for_bands(page, "slots-chart", {job: 2, "training": 1})
     # The log filter hides the other sources' lines.
     page.select_option("[data-log-filter]", "driver")
     assert page.locator("#log .line:not(.hidden)", has_text="hello from worker 0").count() == 0
