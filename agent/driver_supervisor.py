@@ -20,7 +20,16 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from django.utils import timezone
 
 from agent.keys import driver_secret
-from agent.processes import Child, LaunchError, build_env, job_dirs, registry, spawn
+from agent.processes import (
+    Child,
+    LaunchError,
+    build_env,
+    fatal_error,
+    job_dirs,
+    last_traceback,
+    registry,
+    spawn,
+)
 from agent.supervisor import HEARTBEAT_S, POLL_S, TERM_GRACE_S, agent_stopping, driver_addr
 from config.control_plane import wake_scheduler
 from events.publish import publish
@@ -271,8 +280,11 @@ class _DriverWatch:
         return SUPERSEDED
 
 
-def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int,
-                   child: Child | None) -> str:
+def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int, child: Child) -> str:
+    # The driver has exited, so its output is whole: read it before taking the job's lock.
+    verdict = None if rc in (0, DRIVER_EXIT_STOPPED) else _users_fault(rc, child.tail(200))
+    if verdict:
+        return _fail_now(job_id, attempt, host_name, verdict, exit_code=rc)
     with transaction.atomic():
         job = _locked_attempt(job_id, attempt)
         if job is None:
@@ -281,9 +293,6 @@ def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int,
             return job.state
         if rc in (0, DRIVER_EXIT_STOPPED):
             return _driver_ended(job, host_name, finished=rc == 0)
-        verdict = _users_fault(rc, child)
-        if verdict:
-            return _fail_now(job_id, attempt, host_name, verdict, exit_code=rc)
         # Anything else may be the machine's fault and succeed on retry: let the scheduler
         # recover it now (new attempt from the latest checkpoint), counting against the
         # job's restart budget.
@@ -299,7 +308,7 @@ def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int,
         return f"exited {rc}"
 
 
-def _users_fault(rc: int, child: Child | None) -> str | None:
+def _users_fault(rc: int, lines: list[str]) -> str | None:
     """Why the job failed, when the driver's end says the user's code is at fault (a retry
     would only fail again, and spend the restart budget); None when it may be the machine's.
 
@@ -307,15 +316,15 @@ def _users_fault(rc: int, child: Child | None) -> str | None:
     - the script could not start (syntax or import error, main file unreadable);
     - the process ended on an exception (exit 1 with a traceback): the user's code raised
       outside training (at import, before or after ``train()``).
+
+    ``lines``: the end of the driver's output.
     """
-    if child is None:
-        return None
-    traceback = child.last_traceback()
+    traceback = last_traceback(lines)
     if rc == DRIVER_EXIT_FAILED:
-        said = next((line for line in reversed(child.tail(200))
-                     if line.startswith("Job FAILED: ")), "Job FAILED")
+        said = next((line for line in reversed(lines) if line.startswith("Job FAILED: ")),
+                    "Job FAILED")
         return f"{said.removeprefix('Job FAILED: ')}\n\n{traceback}" if traceback else said
-    fatal = child.fatal_error()
+    fatal = fatal_error(lines)
     if fatal:
         return f"The script cannot start: {fatal}" + (f"\n\n{traceback}" if traceback else "")
     if rc == 1 and traceback:

@@ -578,30 +578,32 @@ class Child:
         except OSError:
             return []
 
-    def fatal_error(self) -> str | None:
-        """The error line when the script cannot start at all (syntax or import error)."""
-        for line in reversed(self.tail()):
-            line = line.strip()
-            if not line:
-                continue
-            return line if FATAL_LINE.match(line) else None
+
+def fatal_error(lines: list[str]) -> str | None:
+    """The error line when the script cannot start at all (syntax or import error), from the
+    last lines of its output."""
+    for line in reversed(lines):
+        line = line.strip()
+        if not line:
+            continue
+        return line if FATAL_LINE.match(line) else None
+    return None
+
+
+def last_traceback(lines: list[str]) -> str | None:
+    """The last Python traceback in these lines of output, down to its exception line.
+
+    A process that ends on an exception of the user's code prints one; a machine fault
+    (killed, out of memory, a lost host) does not."""
+    starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK_START)]
+    if not starts:
         return None
-
-    def last_traceback(self) -> str | None:
-        """The last Python traceback in the process's output, down to its exception line.
-
-        A process that ends on an exception of the user's code prints one; a machine fault
-        (killed, out of memory, a lost host) does not."""
-        lines = self.tail(200)
-        starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK_START)]
-        if not starts:
-            return None
-        block = []
-        for line in lines[starts[-1]:]:
-            block.append(line)
-            if len(block) > 1 and line[:1].strip():  # not indented: the exception line
-                break
-        return "\n".join(block)
+    block = []
+    for line in lines[starts[-1]:]:
+        block.append(line)
+        if len(block) > 1 and line[:1].strip():  # not indented: the exception line
+            break
+    return "\n".join(block)
 
 
 class Registry:
