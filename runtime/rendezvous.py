@@ -73,7 +73,6 @@ class Rendezvous:
         self.awaiting_upload: str | None = None  # a stopping worker still owes its state
         self.promised_version = 0  # state version a leaving worker is about to upload
         self._last_join = 0.0
-        self._formed_after: float | None = None
         # When the change the next generation answers was first asked for (a joiner, a
         # leave, a lost member): each rescale reports how long it took from there.
         self._change_asked: float | None = None
@@ -309,10 +308,11 @@ class Rendezvous:
         has_state = any(arrived[m].global_step >= 0 for m in staying)
         upload_from = None if has_state else _furthest(leavers, arrived)
         self._send_away(leavers, upload_from)
+        asked = self._change_asked
         self._advance(old, staying + joiners, joiners, upload_from)
         if self.members:
             self._assign(staying, joiners, has_state, arrived, now)
-            self._announce(old, joiners)
+            self._announce(old, joiners, None if asked is None else now - asked)
         self.cv.notify_all()
 
     def _report_dropped(self, old: list[str]) -> None:
@@ -345,8 +345,6 @@ class Rendezvous:
             self.joiners.pop(m, None)
         self.members = new
         self.generation += 1
-        self._formed_after = (time.monotonic() - self._change_asked
-                              if self._change_asked is not None else None)
         self._change_asked = None
         if upload_from is not None:
             self.promised_version = self.state_version + 1
@@ -375,9 +373,9 @@ class Rendezvous:
             }
             self.last_seen[m] = now
 
-    def _announce(self, old: list[str], joiners: list[str]) -> None:
+    def _announce(self, old: list[str], joiners: list[str], took_s: float | None) -> None:
         new = self.members
-        took = {} if self._formed_after is None else {"duration_s": round(self._formed_after, 3)}
+        took = {} if took_s is None else {"duration_s": round(took_s, 3)}
         self._emit(
             "generation.changed",
             generation=self.generation,
