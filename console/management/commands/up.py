@@ -21,8 +21,9 @@ from django.core.management.base import BaseCommand, CommandError
 from config.embedded_redis import redis_server_argv
 from config.redis_auth import URL_FILE, embedded_password, with_password
 from config.service_files import write_private
-from config.tls import Certificate, TlsError, certificate, web_argv
+from config.tls import Certificate, web_argv
 from console.management.commands.bootstrap import admin_password_file
+from console.management.commands.serve_web import add_web_arguments, https_certificate
 from runtime.events import redacted
 
 
@@ -53,13 +54,7 @@ class Command(BaseCommand):
     help = "Start web, scheduler, event consumer and a local host agent (and Redis if needed)."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--host", default=os.environ.get("EDT_HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("EDT_PORT", "8000")))
-        parser.add_argument(
-            "--https-port", type=int, default=int(os.environ.get("EDT_HTTPS_PORT", "8443")),
-            help="Also serve https here (EDT_TLS_CERT/EDT_TLS_KEY, else a self-signed "
-                 "certificate under var/tls/); 0: http only.",
-        )
+        add_web_arguments(parser)
         parser.add_argument("--cpu-slots", type=int, default=settings.EDT_CPU_SLOTS)
         parser.add_argument("--no-agent", action="store_true", help="Do not start a host agent.")
 
@@ -70,7 +65,7 @@ class Command(BaseCommand):
             self.stderr.write(f"Port {https_port} is in use: serving http only (set "
                               "EDT_HTTPS_PORT to a free port for https, or 0).")
             https_port = 0
-        tls = self._certificate(host) if https_port else None
+        tls = https_certificate(host) if https_port else None
         web = web_argv(host, port, https_port, tls)
         children = self._redis(env) + self._services(web, cpu_slots, no_agent)
         self._stopping = False
@@ -96,12 +91,6 @@ class Command(BaseCommand):
         env["REDIS_URL"] = with_password(f"redis://127.0.0.1:{redis_port}/0", password)
         write_private(settings.VAR_DIR / URL_FILE, env["REDIS_URL"])
         return [self._embedded_redis(redis_port, password)]
-
-    def _certificate(self, host: str) -> Certificate:
-        try:
-            return certificate(settings.VAR_DIR, host=host)
-        except (TlsError, OSError) as exc:
-            raise CommandError(f"Cannot serve https: {exc} (EDT_HTTPS_PORT=0: http only)") from exc
 
     def _services(self, web: list[str], cpu_slots: int, no_agent: bool) -> list[Child]:
         """The web server, the scheduler, the event consumer and (unless ``no_agent``) a host
