@@ -16,6 +16,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from config.ownership import is_admin
+from console import selectors
 from events.fanout import instance_group_group, job_group
 from jobs.models import TrainingJob
 from resources.models import InstanceGroup
@@ -47,6 +48,7 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined.append(group)
+        await self.joined()
         self.renewal = asyncio.create_task(self._stay_in_groups())
         await self.accept()
 
@@ -79,6 +81,10 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def edt_events(self, message: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    async def joined(self) -> None:
+        """Read what the consumer must know before it follows the group's events: called once
+        it is in the group, so that no event falls between that reading and the first one."""
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # The pages only listen; a ping keeps proxies from closing an idle socket.
@@ -114,10 +120,21 @@ class InstanceGroupConsumer(_LiveConsumer):
     """``/ws/instance-groups/<id>/``: allocation and state changes of the group's jobs."""
 
     async def authorised_group(self) -> str | None:
-        group_id = self.scope["url_route"]["kwargs"]["group_id"]
-        exists = await database_sync_to_async(InstanceGroup.objects.filter(pk=group_id).exists)()
+        self.group_id = self.scope["url_route"]["kwargs"]["group_id"]
+        exists = await database_sync_to_async(
+            InstanceGroup.objects.filter(pk=self.group_id).exists
+        )()
         self.sees_all = is_admin(self.user)
-        return instance_group_group(group_id) if exists else None
+        return instance_group_group(self.group_id) if exists else None
+
+    async def joined(self) -> None:
+        # Workers training in each job this viewer may not see: the page gets only their sum,
+        # so the consumer keeps every job's part to work the sum out again when one changes.
+        self.hidden_training: dict[int, int] = {}
+        if not self.sees_all:
+            self.hidden_training = await database_sync_to_async(
+                selectors.hidden_workers_training
+            )(instance_group_id=self.group_id, user=self.user)
 
     async def edt_events(self, message: dict[str, Any]) -> None:
         visible = []
@@ -125,9 +142,24 @@ class InstanceGroupConsumer(_LiveConsumer):
             event = item["event"]
             if self.sees_all or item.get("owner_id") == self.user.pk:
                 visible.append(event)
-            elif "cluster" in event:
-                # Another user's job: only the cluster's totals change for this viewer.
-                visible.append(
-                    {"type": "cluster.usage", "ts": event.get("ts"), "cluster": event["cluster"]}
-                )
+            elif (totals := self._totals_of(event)) is not None:
+                visible.append(totals)
         await self.send_events(visible)
+
+    def _totals_of(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """Another user's job's event as this viewer gets it: only the cluster's totals, the
+        slots in use and the workers training in the jobs it may not see; None when the event
+        changes neither."""
+        totals: dict[str, Any] = {"type": "cluster.usage", "ts": event.get("ts")}
+        if "cluster" in event:
+            totals["cluster"] = event["cluster"]
+        training = selectors.workers_training_after(event)
+        job_id = event.get("job_id")
+        if training is not None and self.hidden_training.get(job_id, 0) != training:
+            if training:
+                self.hidden_training[job_id] = training
+            else:
+                self.hidden_training.pop(job_id, None)  # ended jobs need no place here
+            # Absolute, like the slot counts: a page that applies it twice still shows the same.
+            totals["others_training"] = sum(self.hidden_training.values())
+        return totals if len(totals) > 2 else None

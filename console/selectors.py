@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from datasets.models import Dataset
@@ -19,6 +19,8 @@ from resources.models import Host, InstanceGroup
 
 # How far back the allocation charts reach when a page loads.
 CHART_WINDOW = timedelta(hours=6)
+# The runtime's report of a new generation: its ``size`` is the workers training from then on.
+GENERATION_CHANGED = "generation.changed"
 
 
 def datasets_for_user(*, user) -> QuerySet[Dataset]:
@@ -94,8 +96,8 @@ def _chart_start(rows: list[tuple[Any, datetime, datetime | None]], now: datetim
 
 
 def cluster_chart(*, instance_group: InstanceGroup, user) -> dict[str, Any]:
-    """The dashboard's stacked chart: one stepped band per visible job, plus one band for
-    the slots held by jobs the user may not see (no names, just the count)."""
+    """The dashboard's stacked chart: per visible job, the slots granted and the workers
+    training, plus one "others" entry for the jobs the user may not see (counts, no names)."""
     now = timezone.now()
     since = now - CHART_WINDOW
     rows = list(
@@ -103,30 +105,33 @@ def cluster_chart(*, instance_group: InstanceGroup, user) -> dict[str, Any]:
         .filter(Q(released_at__isnull=True) | Q(released_at__gt=since))
         .values_list("job_id", "granted_at", "released_at")
     )
-    visible = {
-        job.pk: job
-        for job in TrainingJob.objects.visible_to(user)
-        .filter(instance_group=instance_group)
+    # The same jobs for both measures: those that held slots in the window, and the active
+    # ones (a hidden job still training must count in "others" here as on the live socket).
+    in_chart = (
+        TrainingJob.objects.filter(instance_group=instance_group)
         .filter(Q(pk__in={r[0] for r in rows}) | Q(state__in=states.ACTIVE))
         .order_by("created", "id")
-    }
+    )
+    visible = {job.pk: job for job in in_chart.visible_to(user)}
     others = "others"
+    jobs: dict[Any, list[TrainingJob]] = {pk: [job] for pk, job in visible.items()}
+    hidden = [job for job in in_chart if job.pk not in visible]
+    if hidden:
+        jobs[others] = hidden
     keyed = [(job_id if job_id in visible else others, g, r) for job_id, g, r in rows]
-    keys: list[Any] = list(visible)
-    if any(key == others for key, _, _ in keyed):
-        keys.append(others)
-    data = _step_series(keyed, keys, _chart_start(rows, now))
-    jobs = [
+    data = _slots_and_training(keyed, jobs, _chart_start(rows, now))
+    entries = [
         {
             "id": key,
             "label": f"#{key} {visible[key]}" if key != others else "Other users' jobs",
-            "data": data["series"][key],
+            "data": data["slots"][key],
+            "training": data["training"][key],
         }
-        for key in keys
+        for key in jobs
     ]
     return {
         "times": data["times"],
-        "jobs": jobs,
+        "jobs": entries,
         "cluster": cluster_usage(instance_group.pk),
         "now": _ms(now),
     }
@@ -138,24 +143,91 @@ def job_chart(*, job: TrainingJob) -> dict[str, Any]:
     time a granted slot spends starting a worker, or a reclaimed one finishing its step."""
     rows = list(job.allocations.values_list("job_id", "granted_at", "released_at"))
     now = timezone.now()
-    start = _chart_start(rows, now)
-    data = _step_series(rows, [job.pk], start)
-    training = _training_changes(job, start)
-    times = sorted(set(data["times"]) | {t for t, _ in training})
-    return {"times": times, "slots": _resample(data["times"], data["series"][job.pk], times),
-            "training": _resample([t for t, _ in training], [n for _, n in training], times),
-            "now": _ms(now)}
+    data = _slots_and_training(rows, {job.pk: [job]}, _chart_start(rows, now))
+    return {"times": data["times"], "slots": data["slots"][job.pk],
+            "training": data["training"][job.pk], "now": _ms(now)}
 
 
-def _training_changes(job: TrainingJob, start: datetime) -> list[tuple[int, int]]:
-    """``(ms, workers training)`` from ``start``: each generation's size, 0 once it ended."""
-    sizes = job.events.filter(type="generation.changed").order_by("ts", "id")
-    before = sizes.filter(ts__lte=start).last()
-    changes = [(_ms(start), _count_of(before.data.get("size")) if before else 0)]
-    changes += [(_ms(e.ts), _count_of(e.data.get("size"))) for e in sizes.filter(ts__gt=start)]
-    if job.is_terminal and job.finished and job.finished > start:
-        changes.append((_ms(job.finished), 0))
+def _slots_and_training(
+    rows: list[tuple[Any, datetime, datetime | None]],
+    jobs: dict[Any, list[TrainingJob]],
+    start: datetime,
+) -> dict[str, Any]:
+    """Both allocation charts' measures, per key of ``jobs`` and on one set of time points:
+    slots granted (from the allocation rows ``(key, granted, released)``) and workers training
+    (the sum over the key's jobs). Every key of ``rows`` must be a key of ``jobs``."""
+    slots = _step_series(rows, list(jobs), start)
+    changes = _training_changes([job for group in jobs.values() for job in group], start)
+    times = sorted(set(slots["times"]) | {t for steps in changes.values() for t, _ in steps})
+    return {
+        "times": times,
+        "slots": {key: _resample(slots["times"], series, times)
+                  for key, series in slots["series"].items()},
+        "training": {key: _sum_at([changes[job.pk] for job in group], times)
+                     for key, group in jobs.items()},
+    }
+
+
+def _sum_at(steps: list[list[tuple[int, int]]], at: list[int]) -> list[int]:
+    """The sum of stepped series (``(ms, value)`` changes each) read at the points ``at``."""
+    total = [0] * len(at)
+    for changes in steps:
+        read = _resample([t for t, _ in changes], [n for _, n in changes], at)
+        total = [a + b for a, b in zip(total, read, strict=True)]
+    return total
+
+
+def _training_changes(jobs: list[TrainingJob], start: datetime) -> dict[int, list[tuple[int, int]]]:
+    """Per job, ``(ms, workers training)`` from ``start`` on: each generation's size, 0 once
+    the job ended. Two queries however many jobs: the dashboard draws them all at once."""
+    ends = {job.pk: job.finished if job.is_terminal else None for job in jobs}
+    sizes = JobEvent.objects.filter(job__in=list(ends), type=GENERATION_CHANGED)
+    at_start = _sizes_at(sizes, start)
+    changes = {pk: [(_ms(start), at_start.get(pk, 0))] for pk in ends}
+    later = sizes.filter(ts__gt=start).order_by("ts", "id")
+    for job_id, ts, data in later.values_list("job_id", "ts", "data"):
+        end = ends[job_id]
+        if end is None or ts < end:  # else a late report from a driver that had ended
+            changes[job_id].append((_ms(ts), _count_of(data.get("size"))))
+    for pk, end in ends.items():
+        if end is not None and end <= start:
+            changes[pk] = [(_ms(start), 0)]
+        elif end is not None:
+            changes[pk].append((_ms(end), 0))
     return changes
+
+
+def _sizes_at(sizes: QuerySet[JobEvent], when: datetime) -> dict[int, int]:
+    """Per job, the size of its last generation that began at or before ``when``."""
+    last = (
+        JobEvent.objects.filter(job=OuterRef("job"), type=GENERATION_CHANGED, ts__lte=when)
+        .order_by("-ts", "-id")
+        .values("pk")[:1]
+    )
+    rows = sizes.filter(ts__lte=when, pk=Subquery(last)).values_list("job_id", "data")
+    return {job_id: _count_of(data.get("size")) for job_id, data in rows}
+
+
+def workers_training_after(event: dict[str, Any]) -> int | None:
+    """The workers a job trains with once ``event`` happened: its new generation's size, 0 once
+    the job ended; None when the event does not change it. The charts' history and the
+    dashboard's live figure for other users' jobs both follow this rule."""
+    if event.get("type") == GENERATION_CHANGED:
+        return _count_of(event.get("size"))
+    if event.get("type") == "job.state" and event.get("state") in states.TERMINAL:
+        return 0
+    return None
+
+
+def hidden_workers_training(*, instance_group_id: int, user) -> dict[int, int]:
+    """Workers training now in each active job of the group that ``user`` may not see: where
+    the dashboard's live "others" figure starts from before it follows the events."""
+    jobs = list(
+        TrainingJob.objects.filter(instance_group_id=instance_group_id, state__in=states.ACTIVE)
+        .exclude(pk__in=TrainingJob.objects.visible_to(user).values("pk"))
+    )
+    changes = _training_changes(jobs, timezone.now())
+    return {pk: steps[-1][1] for pk, steps in changes.items() if steps[-1][1]}
 
 
 def _count_of(value: object) -> int:

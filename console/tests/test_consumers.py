@@ -163,6 +163,42 @@ def test_the_dashboard_hides_other_users_jobs_but_shows_the_totals(owner, other,
     async_to_sync(scenario)()
 
 
+def test_the_dashboard_follows_the_workers_training_live(owner, other, job, cluster):
+    """The owner gets the job's generations as they are; another user only the workers
+    training in the jobs hidden from them, as a total that starts from what trained before
+    they connected."""
+    group = f"/ws/instance-groups/{job.instance_group_id}/"
+
+    def generation(ts: float, size: int) -> dict:
+        return {"type": "generation.changed", "job_id": job.pk, "source": "driver",
+                "ts": ts, "generation": int(ts), "size": size, "previous_size": 0}
+
+    ingest_event(generation(1.0, 3))
+    owner_h = headers_for(owner)
+    other_h = headers_for(other)
+
+    async def scenario():
+        mine = communicator(group, owner_h)
+        theirs = communicator(group, other_h)
+        assert (await mine.connect())[0] and (await theirs.connect())[0]
+        await ingest(generation(2.0, 3))  # as before they connected: no news for the other
+        assert (await mine.receive_json_from(timeout=5))["size"] == 3
+        assert await theirs.receive_nothing(timeout=0.3)
+        await ingest(generation(3.0, 2))
+        assert (await mine.receive_json_from(timeout=5))["size"] == 2
+        assert await theirs.receive_json_from(timeout=5) == {
+            "type": "cluster.usage", "ts": 3.0, "others_training": 2}
+        await ingest({"type": "job.state", "job_id": job.pk, "source": "scheduler",
+                      "ts": 4.0, "state": "KILLED", "message": "Killed"})
+        ended = await theirs.receive_json_from(timeout=5)
+        assert (ended["type"], ended["others_training"], ended["cluster"]["used"]) == (
+            "cluster.usage", 0, 0)
+        await mine.disconnect()
+        await theirs.disconnect()
+
+    async_to_sync(scenario)()
+
+
 def test_an_unknown_instance_group_is_refused(owner, cluster):
     owner_h = headers_for(owner)
 

@@ -449,6 +449,39 @@ def test_the_cluster_chart_shows_a_band_per_job_and_hides_other_users_jobs(
     assert "resnet" not in json.dumps(theirs)
 
 
+def test_the_cluster_chart_json_carries_the_workers_training_beside_the_slots(
+    browser, owner, other, two_jobs, cluster
+):
+    from events.ingest import ingest
+
+    first, second = two_jobs
+    host1, host2 = cluster["hosts"]
+    for slot in range(3):
+        SlotAllocation.objects.create(job=first, host=host1, slot=slot)
+    SlotAllocation.objects.create(job=second, host=host2, slot=0)
+    now = timezone.now().timestamp()
+    # The first job trains on 2 of its 3 slots (the third worker is still starting).
+    ingest({"type": "generation.changed", "job_id": first.pk, "source": "driver", "ts": now,
+            "generation": 1, "size": 2, "previous_size": 0})
+    url = reverse("instance-group-chart", args=[cluster["instance_group"].pk])
+
+    mine = browser(owner).get(url).json()
+    for entry in mine["jobs"]:
+        assert len(entry["training"]) == len(entry["data"]) == len(mine["times"])
+    assert {j["id"]: (j["data"][-1], j["training"][-1]) for j in mine["jobs"]} == {
+        first.pk: (3, 2), second.pk: (1, 0)}
+
+    theirs = browser(other).get(url).json()
+    assert [(j["id"], j["data"][-1], j["training"][-1]) for j in theirs["jobs"]] == [
+        ("others", 4, 2)]
+
+    # The job ends: from then on nobody trains in it.
+    TrainingJob.objects.filter(pk=first.pk).update(state=states.FINISHED,
+                                                   finished=timezone.now())
+    mine = browser(owner).get(url).json()
+    assert {j["id"]: j["training"][-1] for j in mine["jobs"]}[first.pk] == 0
+
+
 def test_the_dashboard_lists_pending_jobs(browser, owner, two_jobs, cluster):
     page = browser(owner).get(reverse("instance-group", args=[cluster["instance_group"].pk]))
     assert page.status_code == 200

@@ -13,13 +13,25 @@
   const PALETTE = ["#0f62fe", "#ff7eb6", "#198038", "#8a3ffc", "#fa4d56", "#1192e8", "#b28600",
     "#007d79", "#d12771", "#6929c4", "#9f1853", "#005d5d"];
   const OTHERS = "others";
-  // The job page's second band: the workers the runtime trains with, beside the slots granted.
+  // The allocation charts' second measure: the workers the runtime trains with, beside the
+  // slots granted. The job page has one such band, "training"; the dashboard one per job,
+  // "training:<job>" (and "training:others"), stacked apart from the slots.
   const TRAINING = "training";
+  const ENDED = ["FINISHED", "FAILED", "KILLED"];
+
+  function trainingKey(key) { return TRAINING + ":" + key; }
+
+  function isTraining(key) { return key === TRAINING || String(key).startsWith(TRAINING + ":"); }
+
+  /* The band a key belongs to: a job's training line is drawn in its job's colour. */
+  function bandOf(key) {
+    return isTraining(key) && key !== TRAINING ? String(key).slice(TRAINING.length + 1) : key;
+  }
 
   function colour(key, index) {
-    if (key === OTHERS) return "#a8a8a8";
     if (key === TRAINING) return "#1b7f5b";
-    const n = Number(key);
+    if (bandOf(key) === OTHERS) return "#a8a8a8";
+    const n = Number(bandOf(key));
     return PALETTE[(Number.isFinite(n) ? n : index) % PALETTE.length];
   }
 
@@ -126,11 +138,30 @@
 
     _dataset(key, label, index) {
       const c = colour(key, index);
-      return {
+      const ds = {
         key: key, label: label, data: [], stepped: true, borderColor: c,
-        backgroundColor: c + (this.stacked ? "99" : "33"),
-        fill: this.stacked ? (index === 0 ? "origin" : "-1") : "origin",
+        backgroundColor: c + (this.stacked ? "99" : "33"), fill: "origin",
       };
+      if (this.stacked) {
+        // Two stacks: the slots as filled bands, the workers training as dashed lines stacked
+        // on their own, so a job's line lies on its band's edge while all its slots train and
+        // the top line is the cluster's total.
+        ds.stack = isTraining(key) ? TRAINING : "slots";
+        if (isTraining(key)) Object.assign(ds, { fill: false, borderDash: [6, 3], borderWidth: 2 });
+      }
+      return ds;
+    }
+
+    /* The order of the bands: the slots before the workers training, "others" last of each. */
+    _rank(key) { return (isTraining(key) ? 2 : 0) + (bandOf(key) === OTHERS ? 1 : 0); }
+
+    /* A stacked slot band fills down to the band below it, which the order above makes the
+     * previous dataset (Chart.js's "stack" fill would take a training line for it). */
+    _restack() {
+      if (!this.stacked) return;
+      this.chart.data.datasets.forEach((d, i) => {
+        if (!isTraining(d.key)) d.fill = i === 0 ? "origin" : "-1";
+      });
     }
 
     load(times, bands, now) {
@@ -141,7 +172,8 @@
         ds.data = times.map((t, j) => ({ x: t, y: band.data[j] }));
         ds.data.push({ x: end, y: band.data[band.data.length - 1] || 0 });
         return ds;
-      });
+      }).sort((a, b) => this._rank(a.key) - this._rank(b.key));
+      this._restack();
       this.chart.update("none");
     }
 
@@ -154,8 +186,9 @@
       return ds && ds.data.length ? ds.data[ds.data.length - 1].y : 0;
     }
 
+    /* The slots of every band but `exceptKey` (the workers training are no slots). */
     total(exceptKey) {
-      return this.chart.data.datasets.filter((d) => d.key !== exceptKey)
+      return this.chart.data.datasets.filter((d) => d.key !== exceptKey && !isTraining(d.key))
         .reduce((sum, d) => sum + this.value(d.key), 0);
     }
 
@@ -166,9 +199,9 @@
         const ds = this._dataset(key, label || "#" + key, sets.length);
         ds.data = this.times.map((t) => ({ x: t, y: 0 }));
         ds.data.push({ x: Date.now(), y: 0 });
-        if (key === OTHERS || !this.has(OTHERS)) sets.push(ds);
-        else sets.splice(sets.length - 1, 0, ds); // keep "others" on top
-        sets.forEach((d, i) => { if (this.stacked) d.fill = i === 0 ? "origin" : "-1"; });
+        const at = sets.findIndex((d) => this._rank(d.key) > this._rank(key));
+        if (at < 0) sets.push(ds); else sets.splice(at, 0, ds);
+        this._restack();
       }
       const last = this.times.length ? this.times[this.times.length - 1] : -Infinity;
       const t = Math.max(ms, last);
@@ -258,8 +291,19 @@
     async function load() {
       const response = await fetch(root.dataset.chartUrl, { credentials: "same-origin" });
       const data = await response.json();
-      chart.load(data.times, data.jobs.map((j) => ({ key: String(j.id), label: j.label, data: j.data })), data.now);
+      chart.load(data.times, [
+        ...data.jobs.map((j) => ({ key: String(j.id), label: j.label, data: j.data })),
+        ...data.jobs.map((j) => ({ key: trainingKey(j.id), data: j.training || [],
+                                   label: j.label + " · workers training" })),
+      ], data.now);
       totals(data.cluster);
+    }
+
+    /* A job's workers training from `ms` on (absolute, so an event applied twice is harmless). */
+    function setTraining(key, workers, ms, label) {
+      if (chart.value(trainingKey(key)) !== workers) {
+        chart.set(trainingKey(key), workers, ms, (label || "#" + key) + " · workers training");
+      }
     }
 
     function reload() {
@@ -274,9 +318,16 @@
       if (ev.cluster) totals(ev.cluster);
       const ms = msOf(ev);
       if (ev.type === "cluster.usage") {
-        const others = Math.max(0, ev.cluster.used - chart.total(OTHERS));
-        if (others !== chart.value(OTHERS)) chart.set(OTHERS, others, ms, "Other users' jobs");
-        changed();
+        // Other users' jobs: the server sends the slots in use in the whole cluster, and the
+        // workers training in the jobs this user may not see (only when that changed).
+        if (ev.cluster) {
+          const others = Math.max(0, ev.cluster.used - chart.total(OTHERS));
+          if (others !== chart.value(OTHERS)) chart.set(OTHERS, others, ms, "Other users' jobs");
+          changed();
+        }
+        if (typeof ev.others_training === "number") {
+          setTraining(OTHERS, ev.others_training, ms, "Other users' jobs");
+        }
         return;
       }
       if (ev.job_id === undefined) return;
@@ -286,6 +337,12 @@
         if (chart.value(key) !== ev.slots) chart.set(key, ev.slots, ms);
         const cell = document.querySelector('[data-job-slots="' + key + '"]');
         if (cell) cell.textContent = ev.slots;
+      }
+      // The same rule as the job page: a new generation's size, 0 once the job ended.
+      const training = ev.type === "generation.changed" && typeof ev.size === "number" ? ev.size
+        : ev.type === "job.state" && ENDED.includes(ev.state) ? 0 : null;
+      if (training !== null) {
+        if (!chart.has(key)) reload(); else setTraining(key, training, ms);
       }
       if (ev.type.startsWith("job.") || typeof ev.slots === "number") changed();
     }
@@ -487,7 +544,7 @@
       }
       if (t === "job.state") {
         setState(ev.state);
-        if (["FINISHED", "FAILED", "KILLED"].includes(ev.state)) slots.set(TRAINING, 0, msOf(ev));
+        if (ENDED.includes(ev.state)) slots.set(TRAINING, 0, msOf(ev));
       }
       if (t === "checkpoint.saved" || t === "model.saved") {
         document.body.dispatchEvent(new CustomEvent("edt:results"));

@@ -98,7 +98,22 @@ def drag_row_above(page: Page, dragged: str, target: str) -> None:
     page.mouse.up()
 
 
-def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts):
+def emit_generation(console, monkeypatch, job: str, size: int) -> None:
+    """The job's driver reports a new generation of ``size`` workers, as the runtime does."""
+    from runtime import events as runtime_events
+
+    monkeypatch.setenv("EDT_EVENTS_REDIS_URL", console.env["REDIS_URL"])
+    monkeypatch.setenv("EDT_EVENTS_STREAM", console.env["EDT_EVENTS_STREAM"])
+    runtime_events.configure(source="driver", job_id=job, echo=False)
+    try:
+        members = [f"host1-slot{i}" for i in range(size)]
+        runtime_events.emit("generation.changed", generation=size, size=size, previous_size=0,
+                            members=members, joined=members, left=[])
+    finally:
+        runtime_events.configure(source="standalone", echo=False)
+
+
+def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts, monkeypatch):
     # Step 3 and 4 of the tutorial: the cluster admin defines the groups.
     log_in(page, "admin", console.password)
     page.click("nav >> text=Resource groups")
@@ -163,6 +178,10 @@ def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts)
     # The second training, max 8: fair share gives 4/4, job 1 shrinks while it runs.
     job2 = train(page, "PytorchResnet", "sig-elastic", 8)
     wait_for_bands(dashboard, "cluster-chart", {job1: 4, job2: 4})
+    # Job 1's runtime trains on 3 of its 4 slots: the dashboard draws that apart, live.
+    training1 = f"training:{job1}"
+    emit_generation(console, monkeypatch, job1, 3)
+    wait_for_bands(dashboard, "cluster-chart", {job1: 4, job2: 4, training1: 3})
 
     # Drag job 2 above job 1: the server gives job 2 the higher priority.
     page.click("nav >> text=Jobs")
@@ -184,7 +203,7 @@ def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts)
     # And, as in the tutorial, job 2's priority from 5000 to 10000: 5 slots for it, 3 for job 1.
     page.fill(f'tr[data-job-id="{job2}"] input[name=priority]', "10000")
     page.click(f'tr[data-job-id="{job2}"] button:has-text("Set")')
-    wait_for_bands(dashboard, "cluster-chart", {job1: 3, job2: 5})
+    wait_for_bands(dashboard, "cluster-chart", {job1: 3, job2: 5, training1: 3})
     assert dashboard.evaluate("window.__notReloaded") is True
     assert dashboard.inner_text("[data-used]") == "8"
 
@@ -194,7 +213,8 @@ def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts)
     dashboard.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)
     assert_painted(dashboard, "cluster-chart", 0.2)
 
-    # Job 1 is stopped (with confirmation) and gives its 3 slots back: job 2 grows to 8.
+    # Job 1 is stopped (with confirmation) and gives its 3 slots back: job 2 grows to 8, and
+    # nobody trains in job 1 any more.
     page.click(f'tr[data-job-id="{job1}"] a:has-text("Stop")')
     page.click("button:has-text('Stop the job')")
     wait_for_bands(dashboard, "cluster-chart", {job2: 8})
@@ -208,6 +228,14 @@ def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts)
     )
     assert {8, 4, 3, 0} <= set(history[job1]), history
     assert {4, 5, 8} <= set(history[job2]), history
+    assert {0, 3} == set(history[training1]), history
+    styles = dashboard.evaluate(
+        "() => Object.fromEntries(Chart.getChart('cluster-chart').data.datasets"
+        ".map(d => [d.key, [d.stack, d.fill, (d.borderDash || []).length > 0]]))"
+    )
+    # The workers training are dashed lines stacked on their own, not more slot bands.
+    assert styles[training1] == ["training", False, True], styles
+    assert styles[job2][0] == "slots" and styles[job2][2] is False, styles
 
 
 def test_a_job_page_updates_live_without_reload(page: Page, console, artifacts, monkeypatch):
@@ -260,7 +288,7 @@ def test_a_job_page_updates_live_without_reload(page: Page, console, artifacts, 
     assert_painted(page, "loss-chart", 0.02)
 
 
-def test_another_user_sees_nothing_of_a_job(page: Page, console):
+def test_another_user_sees_nothing_of_a_job(page: Page, console, monkeypatch):
     job = console.seeded_job
     log_in(page, "mallory", console.password)
     assert page.goto(f"/jobs/{job}/").status == 404
@@ -277,8 +305,13 @@ def test_another_user_sees_nothing_of_a_job(page: Page, console):
     page.wait_for_function(
         "() => window.Chart && Chart.getChart('cluster-chart')?.data.datasets.length > 0")
     shown = bands(page, "cluster-chart")
-    assert list(shown) == ["others"] and shown["others"] >= 2, shown
+    assert list(shown) == ["others", "training:others"] and shown["others"] >= 2, shown
     assert "seeded job" not in page.content()
+    # The job's runtime grows to 2 workers: she sees how many train, live, not in which job.
+    page.wait_for_selector("[data-live-status].on")
+    emit_generation(console, monkeypatch, str(job), 2)
+    wait_for_bands(page, "cluster-chart", {"others": shown["others"], "training:others": 2})
+    assert list(bands(page, "cluster-chart")) == ["others", "training:others"]
 
     # The job's live channel refuses her.
     opened = page.evaluate(
