@@ -111,3 +111,23 @@ def own_events_stream(settings):
     settings.EDT_EVENTS_STREAM = f"edt-test-{uuid.uuid4().hex[:10]}:events"
     yield settings.EDT_EVENTS_STREAM
     redis.Redis.from_url(settings.REDIS_URL).delete(settings.EDT_EVENTS_STREAM)
+
+
+@pytest.fixture(params=["cold", "warm"])
+def process_start(request):
+    """How the agent starts a job's processes in this test: a new interpreter each (``None``),
+    or forked from a warm process (``agent.warm``), which is then the pool yielded."""
+    if request.param == "cold":
+        yield None
+        return
+    from agent import processes, warm
+
+    pool = warm.WarmPool()
+    pool.start(processes.user_python())
+    assert pool.ready(120), "the warm process did not get ready within 120 s"
+    original, warm.pool = warm.pool, pool
+    try:
+        yield pool
+    finally:
+        warm.pool = original
+        pool.stop()

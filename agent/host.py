@@ -22,7 +22,8 @@ from celery.signals import worker_shutting_down
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
-from agent.processes import check_job_accounts, end_all
+from agent import warm
+from agent.processes import check_job_accounts, end_all, user_python
 from agent.supervisor import publish_slot_released, stop_supervising
 from config.celery import app
 from config.control_plane import wake_scheduler
@@ -98,6 +99,14 @@ class HostAgent:
         else:
             log.info("agent %s: %s", self.name, report.detail)
 
+    def start_warm_process(self) -> None:
+        """Have jobs' processes forked from an interpreter that has imported torch already
+        (``agent.warm``); it gets ready in the background, and until then they start cold."""
+        if not warm.enabled():
+            log.info("agent %s: warm processes off; every process starts cold", self.name)
+        elif self.accounts.get("ok", True):
+            warm.pool.start(user_python())
+
     def heartbeat_forever(self) -> None:
         while not self.stopping.wait(self.heartbeat_s):
             try:
@@ -113,6 +122,7 @@ class HostAgent:
     def run(self) -> None:
         """Register, heartbeat in a thread, and run the Celery worker until it is stopped."""
         self.check_accounts()
+        self.start_warm_process()
         slots = self.register()
         # Address the driver advertises to workers on other hosts.
         os.environ.setdefault("EDT_AGENT_ADDRESS", self.address)
@@ -146,6 +156,7 @@ class HostAgent:
             self.stopping.set()
             stop_supervising()
             end_all()
+            warm.pool.stop()
             try:
                 released = leave(name=self.name)
                 log.info("agent %s stopped; %d slots released", self.name, released)

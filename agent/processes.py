@@ -52,6 +52,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from agent import warm
 from agent.relay import Relay, events_pipe
 from events.publish import stream_name
 from jobs.jobfiles import LOG_FOLDER, job_folders, open_beneath
@@ -529,7 +530,7 @@ def user_python() -> str:
 @dataclass
 class Child:
     key: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | warm.WarmProcess
     log_path: Path
     started: float = field(default_factory=time.monotonic)
     # The job's result folder: the log is read through it without following links.
@@ -736,6 +737,52 @@ def _launch_failures(out, python: str) -> Iterator[None]:
         raise
 
 
+def _umask(user: RunAs | None) -> int | None:
+    # Isolated: what the job writes stays the service group's and nobody else's.
+    return 0o007 if user is not None and user.isolated else None
+
+
+def _start_cold(argv: list[str], root: Path, env: dict[str, str], out, events_out: int,
+                user: RunAs | None) -> subprocess.Popen:
+    """A new interpreter for the process: its start and ``import torch`` take seconds."""
+    umask = _umask(user)
+    return subprocess.Popen(
+        [argv[0], "-c", _CHILD_SHIM, str(os.getpid()), *argv],
+        cwd=str(root),
+        env={**env, "EDT_EVENTS_FD": str(events_out)},
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        user=user.uid if user else None,
+        group=user.gid if user else None,
+        extra_groups=[] if user else None,
+        umask=-1 if umask is None else umask,
+        close_fds=True,
+        pass_fds=(events_out,),
+        # Its own process group, so ending it ends what it started; it still dies with
+        # the agent (the shim's PR_SET_PDEATHSIG).
+        process_group=0,
+    )
+
+
+def _passable(argv: list[str], env: dict[str, str]) -> bool:
+    """What exec would accept; anything else is started cold, where exec says what is wrong."""
+    texts = [*argv, *env.values()]
+    return all("\0" not in t for t in texts) and all("=" not in k and "\0" not in k for k in env)
+
+
+def _start_warm(argv: list[str], root: Path, env: dict[str, str], out_fd: int, events_out: int,
+                user: RunAs | None) -> warm.WarmProcess | None:
+    """A fork of the agent's warm process (``agent.warm``), or None to start it cold."""
+    if not _passable(argv, env):
+        return None
+    return warm.pool.spawn(
+        argv, cwd=str(root), env={**env, "EDT_EVENTS_FD": str(warm.EVENTS_FD)},
+        fds=(out_fd, events_out), uid=user.uid if user else None,
+        gid=user.gid if user else None, umask=_umask(user),
+    )
+
+
 def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str]) -> Child:
     """Start the job's main file with ``env`` in the job directory; output to
     ``$RESULT_DIR/log/<name>/stdout`` (WMLA's layout, stderr merged)."""
@@ -761,28 +808,13 @@ def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str]) -> Child:
         out.flush()
         with _launch_failures(out, python):
             argv = launch_argv(job, python)
-            proc = subprocess.Popen(
-                [python, "-c", _CHILD_SHIM, str(os.getpid()), *argv],
-                cwd=str(root),
-                env={**env, "EDT_EVENTS_FD": str(events_out)},
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                user=user.uid if user else None,
-                group=user.gid if user else None,
-                extra_groups=[] if user else None,
-                # Isolated: what the job writes stays the service group's and nobody else's.
-                umask=0o007 if user is not None and user.isolated else -1,
-                close_fds=True,
-                pass_fds=(events_out,),
-                # Its own process group, so ending it ends what it started; it still dies with
-                # the agent (the shim's PR_SET_PDEATHSIG).
-                process_group=0,
-            )
+            proc = _start_warm(argv, root, env, out.fileno(), events_out, user) \
+                or _start_cold(argv, root, env, out, events_out, user)
     source = "driver" if name == "driver" else f"worker:{name}"
     relay = Relay(events_in, proc, job_id=job.pk, source=source, url=events_redis_url(),
                   stream=stream_name()).start()
-    log.info("started %s (pid %s) for job %s", name, proc.pid, job.pk)
+    how = "warm" if isinstance(proc, warm.WarmProcess) else "cold"
+    log.info("started %s (pid %s, %s) for job %s", name, proc.pid, how, job.pk)
     return Child(key=key, proc=proc, log_path=log_path, root=root, relay=relay)
 
 

@@ -247,6 +247,10 @@ EDT_SERVICE_GID = os.environ.get("EDT_SERVICE_GID", "")
 # makes the folders on the way to it traversable (o+x, never o+r). Point this at a shared
 # environment (e.g. /opt/edt-venv/bin/python) when the agent's own may not be opened up.
 EDT_USER_PYTHON = os.environ.get("EDT_USER_PYTHON", "")
+# A host agent forks its jobs' drivers and workers from a warm process that has imported torch
+# already (agent/warm.py): a process starts in milliseconds instead of seconds. Off: each starts
+# a new interpreter.
+EDT_WARM_PROCESSES = env_bool("EDT_WARM_PROCESSES", True)
 EDT_SCHEDULER_LOCK_TTL_S = env_int("EDT_SCHEDULER_LOCK_TTL_S", 10)
 EDT_CPU_ONLY_HIDE_GPUS = env_bool("EDT_CPU_ONLY_HIDE_GPUS", True)
 # The address job drivers listen on. Empty: the host's registered address (--address of the

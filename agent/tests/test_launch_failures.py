@@ -175,13 +175,28 @@ def test_a_binary_main_file_fails_the_job_at_once(launch, job, script, settings)
 
 @pytest.mark.django_db
 def test_a_main_file_the_jobs_account_cannot_read_fails_the_job_at_once(
-    launch, job, script, settings
+    launch, job, script, settings, process_start
 ):
     if os.geteuid() != 0:
         pytest.skip("only a root agent runs a job under another account (CI is root)")
     script(FINISH).chmod(0o600)  # the agent (root) reads it; the job's account cannot
     outcome, took = launch(job)
     _assert_failed_at_once(job, settings, outcome, took, "can't open file", "Permission denied")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("code, says", [
+    ("def broken(:\n", "SyntaxError"),
+    ("import no_such_module_here\n", "ModuleNotFoundError"),
+])
+def test_a_script_that_cannot_start_fails_the_job_at_once(
+    launch, job, script, settings, process_start, code, says
+):
+    script(code)
+    outcome, took = launch(job)
+    _assert_failed_at_once(job, settings, outcome, took, says)
+    # The error names the user's file, never the warm process's or runpy's frames.
+    assert "warm.py" not in job.error and "runpy" not in job.error
 
 
 @pytest.mark.django_db

@@ -87,8 +87,15 @@ for _ in range(50):
     loss.backward()
     optimizer.step()
 torch.save(model.state_dict(), os.path.join(os.environ["RESULT_DIR"], "model.pt"))
+fds = {}
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        pass
 json.dump({"seen": seen, "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
-           "loss": loss.item()},
+           "loss": loss.item(), "fds": fds, "parent": os.getppid(),
+           "initial_env": open("/proc/self/environ", "rb").read().decode(errors="replace")},
           open(os.path.join(os.environ["RESULT_DIR"], "probe.json"), "w"))
 """
 
@@ -144,11 +151,16 @@ def _run(job: TrainingJob) -> str:
     return driver_supervisor.run_driver(job.pk, 1, "host1")
 
 
-def _probes(var: Path, b_data, b_model, b_job) -> dict[str, tuple[str, str]]:
+def _probes(var: Path, b_data, b_model, b_job, start) -> dict[str, tuple[str, str]]:
     db = var / "db.sqlite3"
     b_results = Path(b_job.result_dir)
     assert Path(f"{db}-wal").exists() and Path(f"{db}-shm").exists()
+    warm = {} if start is None else {
+        "the warm process's environment": ("read", f"/proc/{start.pid}/environ"),
+        "the warm process's memory": ("read", f"/proc/{start.pid}/mem"),
+    }
     return {
+        **warm,
         "the secret key": ("read", str(var / "secret_key")),
         "the admin password": ("read", str(var / "admin_password")),
         "the database": ("read", str(db)),
@@ -170,7 +182,7 @@ def _probes(var: Path, b_data, b_model, b_job) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.django_db
 def test_a_job_on_a_default_root_agent_reaches_no_secret_and_no_other_users_files(
-    install, owner, other, cluster, settings
+    install, owner, other, cluster, settings, process_start
 ):
     assert settings.EDT_RUN_AS_UID_BASE == DEFAULT_BASE and not settings.EDT_USER_PYTHON
     var = install
@@ -181,7 +193,8 @@ def test_a_job_on_a_default_root_agent_reaches_no_secret_and_no_other_users_file
     _, _, a_job = upload_and_submit(
         owner, "a", {"adata/train/mine.txt": "1 2 3 4", "adata/test/t.txt": "t"}, ATTACKER,
         cluster)
-    probes = _probes(var, b_data, b_model, b_job)
+    start = process_start
+    probes = _probes(var, b_data, b_model, b_job, start)
     TrainingJob.objects.filter(pk=a_job.pk).update(env_vars={"PROBES": json.dumps(probes)})
 
     log = Path(a_job.result_dir, "log", "driver", "stdout")
@@ -194,6 +207,11 @@ def test_a_job_on_a_default_root_agent_reaches_no_secret_and_no_other_users_file
     assert report["uid"] == report["gid"] == DEFAULT_BASE + owner.pk != 0
     assert set(report["groups"]) <= {DEFAULT_BASE + owner.pk}
     assert report["loss"] < 1.0 and Path(a_job.result_dir, "model.pt").stat().st_size > 0
+    assert report["parent"] == (start.pid if start else os.getpid())  # started as asked
+    # No descriptor of the agent's or the warm process's: stdio, the events pipe, no socket.
+    assert len(report["fds"]) == 4 and not [t for t in report["fds"].values() if "socket" in t]
+    # What the kernel keeps of the process's first environment holds no secret either.
+    assert SECRET_KEY not in report["initial_env"] and "DATABASE_URL" not in report["initial_env"]
     # Nothing was changed: the victim's result and the database are intact.
     assert Path(b_job.result_dir, "b-results.txt").read_text() == "B-RESULTS"
     b_job.refresh_from_db()

@@ -1,0 +1,85 @@
+"""The agent's side of its warm process (``agent.warm``): when it cannot take a request, the
+caller gets ``None`` and starts the process cold; when it dies, what it started is reported
+ended; a job's process through it ends with the same exit code a cold one would."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import warm
+
+
+@pytest.fixture
+def pool():
+    p = warm.WarmPool()
+    p.start(sys.executable)
+    assert p.ready(120), "the warm process did not get ready within 120 s"
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def main_file():
+    top = Path(tempfile.mkdtemp(prefix="edt-warm-pool-"))
+    top.chmod(0o755)
+    main = top / "main.py"
+    main.write_text("import sys, time\nif sys.argv[1] == 'hold':\n    time.sleep(600)\n"
+                    "sys.exit(int(sys.argv[1]))\n")
+    yield main
+    main.unlink()
+    top.rmdir()
+
+
+def _spawn(pool: warm.WarmPool, main: Path, arg: str, **env: str):
+    out = os.open(os.devnull, os.O_WRONLY)
+    events_r, events_w = os.pipe()
+    try:
+        return pool.spawn([sys.executable, str(main), arg], cwd=str(main.parent),
+                          env={"PATH": "/bin", **env}, fds=(out, events_w), uid=None, gid=None,
+                          umask=None)
+    finally:
+        for fd in (out, events_r, events_w):
+            os.close(fd)
+
+
+def test_a_process_through_the_pool_reports_its_exit_code(pool, main_file):
+    child = _spawn(pool, main_file, "5")
+    assert child is not None and child.pid > 0
+    assert child.wait(60) == 5 and child.poll() == 5
+
+
+def test_a_pool_not_ready_or_given_too_much_says_start_it_cold(pool, main_file):
+    assert _spawn(warm.WarmPool(), main_file, "0") is None  # never started
+    # More than one message carries: exec would take it, so the caller starts it cold.
+    assert _spawn(pool, main_file, "0", BIG="x" * (1 << 21)) is None
+    assert _spawn(pool, main_file, "0").wait(60) == 0  # and the pool still serves
+
+
+def test_a_dead_warm_process_ends_what_it_started_and_takes_no_more(pool, main_file):
+    held = _spawn(pool, main_file, "hold")
+    assert held is not None and held.poll() is None
+    os.kill(pool.pid, 9)
+    assert held.wait(30) == -9
+    assert not pool.ready() and _spawn(pool, main_file, "0") is None
+
+
+def test_a_warm_process_that_dies_after_a_while_is_started_again(pool, main_file, monkeypatch):
+    monkeypatch.setattr(warm, "CRASH_LOOP_S", 0.0)  # it has served "a while"
+    first = pool.pid
+    os.kill(first, 9)
+    deadline = time.monotonic() + 120
+    while not (pool.pid != first and pool.ready(1)):
+        assert time.monotonic() < deadline, "no new warm process became ready in 120 s"
+    assert _spawn(pool, main_file, "4").wait(60) == 4
+
+
+def test_warm_processes_can_be_turned_off(settings):
+    assert warm.enabled()  # the default
+    settings.EDT_WARM_PROCESSES = False
+    assert not warm.enabled()

@@ -1,0 +1,228 @@
+"""The host agent's warm process (``runtime.warm``): started once with the agent, it forks each
+driver and worker of the host's jobs, so a job's process starts in milliseconds instead of
+paying the interpreter's start and ``import torch`` every time.
+
+``spawn`` gives a :class:`WarmProcess`, which answers like ``subprocess.Popen`` (``pid``,
+``poll``, ``wait``), or ``None`` when the warm process cannot take the request (not started or
+not ready yet, gone, or a request too large for one message): the caller then starts the
+process cold, the way it always could. A warm process that dies is started again, unless it
+died within a minute of its start (then processes start cold until the agent restarts).
+``EDT_WARM_PROCESSES=false`` turns it off.
+
+The warm process runs as the agent's account with an environment built from nothing here:
+PATH, the locale, and the path to the runtime. It is reached only through a socket pair with
+no name, and every child closes it before running user code.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from runtime.warm import EVENTS_FD
+
+__all__ = ["EVENTS_FD", "WarmPool", "WarmProcess", "enabled", "pool"]
+
+log = logging.getLogger("edt.execution")
+
+# How long the agent waits for a reply to one request before starting that process cold.
+REPLY_S = 10.0
+# A warm process that dies sooner than this after its start is not started again.
+CRASH_LOOP_S = 60.0
+
+
+def enabled() -> bool:
+    return bool(settings.EDT_WARM_PROCESSES)
+
+
+class WarmProcess:
+    """A process forked by the warm process, seen through the agent's end of its socket."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def exited(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._done.set()
+
+
+@dataclass
+class _Pending:
+    done: threading.Event = field(default_factory=threading.Event)
+    reply: dict = field(default_factory=dict)
+
+
+class WarmPool:
+    """The agent's one warm process, and what it started."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen | None = None
+        self._ready = threading.Event()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._children: dict[int, WarmProcess] = {}
+        self._early_exits: dict[int, int] = {}
+        self._started = 0.0
+        self._python = ""
+        self._stopping = False
+
+    def start(self, python: str) -> None:
+        """Start the warm process; it is ready when it has imported torch (``ready``)."""
+        self._python, self._started = python, time.monotonic()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self._proc = subprocess.Popen(
+                [python, "-m", "runtime.warm", str(theirs.fileno())],
+                env=_warm_env(), cwd="/", stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True,
+            )
+        self._sock = ours
+        threading.Thread(target=self._read, name="edt-warm", daemon=True).start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def ready(self, timeout: float = 0.0) -> bool:
+        return self._ready.wait(timeout)
+
+    def spawn(self, argv: list[str], *, cwd: str, env: dict[str, str], fds: tuple[int, int],
+              uid: int | None, gid: int | None, umask: int | None) -> WarmProcess | None:
+        if not self._ready.is_set() or self._sock is None:
+            return None
+        ident = next(self._ids)
+        message = json.dumps({"id": ident, "argv": argv, "cwd": cwd, "env": env, "uid": uid,
+                              "gid": gid, "umask": umask}).encode()
+        pending = self._pending[ident] = _Pending()
+        try:
+            with self._lock:
+                socket.send_fds(self._sock, [message], list(fds))
+        except OSError as exc:
+            self._pending.pop(ident, None)
+            if exc.errno != errno.EMSGSIZE:
+                log.warning("warm process unreachable (%s); starting processes cold", exc)
+            return None
+        if not pending.done.wait(REPLY_S):
+            log.warning("warm process did not answer in %.0f s; starting cold", REPLY_S)
+            return None
+        return self._child(pending.reply)
+
+    def _child(self, reply: dict) -> WarmProcess | None:
+        if "pid" not in reply:
+            log.warning("warm process could not start a process: %s", reply.get("error"))
+            return None
+        child = WarmProcess(reply["pid"])
+        with self._lock:
+            early = self._early_exits.pop(child.pid, None)
+            if early is None:
+                self._children[child.pid] = child
+        if early is not None:
+            child.exited(early)
+        return child
+
+    def _read(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data = self._sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                return self._lost()
+            self._dispatch(json.loads(data))
+
+    def _dispatch(self, message: dict) -> None:
+        if message.get("ready"):
+            log.info("warm process %s ready %.1f s after its start", message["pid"],
+                     time.monotonic() - self._started)
+            self._ready.set()
+        elif "exited" in message:
+            with self._lock:
+                child = self._children.pop(message["exited"], None)
+                if child is None:  # its exit came before the reply with its pid was read
+                    self._early_exits[message["exited"]] = message["returncode"]
+            if child is not None:
+                child.exited(message["returncode"])
+        elif "id" in message:
+            pending = self._pending.pop(message["id"], None)
+            if pending is not None:
+                pending.reply = message
+                pending.done.set()
+        else:
+            log.warning("warm process did not start: %s", message.get("error"))
+
+    def _lost(self) -> None:
+        """The warm process is gone, and with it every process it started (they die with it)."""
+        self._ready.clear()
+        if self._sock is not None:
+            self._sock.close()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()  # it closed its end but lives on: it serves nobody now
+        with self._lock:
+            children, self._children = self._children, {}
+        for child in children.values():
+            child.exited(-9)
+        for pending in list(self._pending.values()):
+            pending.done.set()
+        if self._stopping:
+            return
+        if time.monotonic() - self._started < CRASH_LOOP_S:
+            log.error("warm process ended %.0f s after its start; processes start cold",
+                      time.monotonic() - self._started)
+            return
+        log.warning("warm process ended; starting another (processes start cold meanwhile)")
+        self.start(self._python)
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._sock is not None:
+            # The warm process sees the end and kills what it started; shutting down (not only
+            # closing) also wakes this side's reading thread.
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        if self._proc is not None:
+            self._proc.wait(10)
+
+
+def _warm_env() -> dict[str, str]:
+    base = str(Path(settings.BASE_DIR))
+    return {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": base,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "HOME": "/",
+    }
+
+
+pool = WarmPool()
