@@ -82,6 +82,14 @@ class DriverLink(threading.Thread):
         self._sock = sock
         return sock, broken
 
+    def local_address(self) -> str | None:
+        """This end's address: the one of this host's interfaces that reaches the driver."""
+        sock = self._sock
+        try:
+            return sock.getsockname()[0] if sock is not None else None
+        except OSError:
+            return None
+
     def fileno(self) -> int:
         """The descriptor of the link's connection now (-1 between connections)."""
         sock = self._sock

@@ -316,7 +316,8 @@ class WorkerMembership(Membership):
             store = dist.PrefixStore(f"edt/{group.generation}/", self._group_store())
             init_group(self.backend, store, group.rank, group.world,
                        datetime.timedelta(seconds=self.env.collective_timeout_s),
-                       generation=group.generation, own_sockets=self._own_sockets)
+                       generation=group.generation, own_sockets=self._own_sockets,
+                       address=self.link.local_address() if self.link is not None else None)
             if self.link is not None and self.link.broken_generation == group.generation:
                 # A member was lost while the group formed (too early for abort_group).
                 raise PeerFailure(f"a member of generation {group.generation} was lost")

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import os
 import socket
 import stat
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +34,7 @@ import torch.distributed as dist
 from .errors import PeerFailure
 
 _COLLECTIVE_ERRORS = (RuntimeError, dist.DistBackendError)
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
 
 def _first_line(exc: BaseException) -> str:
@@ -71,9 +74,38 @@ def _open_sockets() -> set[tuple[int, int]]:
     return found
 
 
+# Set by whoever started the process (the user, the admin): then it is theirs, not ours.
+_USERS_GLOO_IFNAME = os.environ.get("GLOO_SOCKET_IFNAME")
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface that holds the IPv4 ``address``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR,
+                                    struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on it
+            if socket.inet_ntoa(reply[20:24]) == address:
+                return name
+    return None
+
+
+def use_interface_for(address: str | None) -> None:
+    """Have gloo listen on the interface that reaches the driver (``address``, this end of the
+    driver link), not on whatever the host name resolves to: that is often a loopback address
+    (``127.0.1.1``) that workers on other hosts cannot reach."""
+    if _USERS_GLOO_IFNAME or not address:
+        return
+    name = interface_of(address)
+    if name:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
 def init_group(backend: str, store: Any, rank: int, world: int,
                timeout: datetime.timedelta, generation: int = 0,
-               own_sockets: Callable[[], set[int]] = set) -> None:
+               own_sockets: Callable[[], set[int]] = set, address: str | None = None) -> None:
     """``init_process_group`` for ``generation``, leaving this process as it found it when
     it fails.
 
@@ -84,8 +116,11 @@ def init_group(backend: str, store: Any, rank: int, world: int,
     joiner and no later generation could ever form with them.
 
     ``own_sockets`` names sockets opened meanwhile that are not the group's (the store's
-    connection), so that :func:`abort_group` leaves them alone.
+    connection), so that :func:`abort_group` leaves them alone. ``address`` is this host's
+    address on the way to the driver, which gloo then listens on.
     """
+    if backend == "gloo":
+        use_interface_for(address)
     before = _open_sockets()
     try:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
