@@ -98,11 +98,15 @@ class Cluster:
     def host_name(self, n: int) -> str:
         return f"e2e{self.run_id}-host{n}"
 
-    def _start(self, key: str, argv: list[str]) -> subprocess.Popen:
+    def _start(self, key: str, argv: list[str], inside: list[str] | None = None,
+               env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``manage.py argv``; ``inside``: a command prefix (another network namespace),
+        ``env``: variables to change for this process."""
         out = open(self.logs / f"{key}.log", "ab")  # noqa: SIM115 - owned by the process
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "manage.py"), *argv],
-            cwd=str(REPO), env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            [*(inside or []), sys.executable, str(REPO / "manage.py"), *argv],
+            cwd=str(REPO), env={**self.env, **(env or {})}, stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: killing it kills its children
         )
         out.close()
@@ -134,10 +138,12 @@ class Cluster:
         finally:
             client.close()
 
-    def start_agent(self, n: int, slots: int = 4) -> str:
+    def start_agent(self, n: int, slots: int = 4, address: str = "127.0.0.1",
+                    inside: list[str] | None = None, env: dict[str, str] | None = None) -> str:
         name = self.host_name(n)
         self._start(name, ["run_host_agent", "--name", name, "--cpu-slots", str(slots),
-                           "--address", "127.0.0.1", "--heartbeat", "1", "--loglevel", "WARNING"])
+                           "--address", address, "--heartbeat", "1", "--loglevel", "WARNING"],
+                    inside, env)
         self.hosts.append(name)
         return name
 
@@ -232,3 +238,25 @@ def assert_each_sample_once_per_epoch(job, samples: int, epochs: int) -> None:
         assert sorted(batches) == list(range(len(batches))), (epoch, sorted(batches))
         assert sum(b["samples"] for b in batches.values()) == samples, epoch
         assert sum(b["index_sum"] for b in batches.values()) == samples * (samples - 1) // 2, epoch
+
+
+def job_pids(job, name: str | None = None) -> list[int]:
+    """The pids of the job's processes (``name``: ``driver`` or a worker id; all when None),
+    found by the log their output goes to: a process forked from a warm process keeps that
+    process's first environment and command line in /proc, so those cannot tell."""
+    logs = Path(job.result_dir) / "log"
+    wanted = str(logs / name / "stdout") if name else None
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            out = os.readlink(entry / "fd" / "1")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if (out == wanted) if wanted else (out.startswith(f"{logs}/") and
+                                          out.endswith("/stdout")):
+            found[int(entry.name)] = parent
+    # The processes themselves, not what they started (data loaders) with the same output.
+    return sorted(pid for pid, parent in found.items() if parent not in found)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -15,27 +14,21 @@ from jobs import states
 from jobs.models import JobEvent, SlotAllocation, TrainingJob
 from jobs.services import job_submit
 from resources.models import Host
-from tests.e2e.harness import assert_each_sample_once_per_epoch, runtime_events, wait_until
+from tests.e2e.harness import (
+    assert_each_sample_once_per_epoch,
+    job_pids,
+    runtime_events,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 SAMPLES, EPOCHS = 2048, 2
 
 
-def worker_pid(job_id: int, worker_id: str) -> int | None:
-    """The pid of the job's worker process for ``worker_id`` (found by its environment)."""
-    wanted = {f"EDT_JOB_ID={job_id}".encode(), f"EDT_WORKER_ID={worker_id}".encode(),
-              b"EDT_ROLE=worker"}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = set((entry / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if wanted <= env:
-            return int(entry.name)
-    return None
+def worker_pid(job, worker_id: str) -> int | None:
+    pids = job_pids(job, worker_id)
+    return pids[0] if pids else None
 
 
 def generations(job) -> list[dict]:
@@ -75,7 +68,7 @@ def test_it_survives_a_killed_worker_scheduler_and_host(e2e, e2e_records):
 
     # 1. A worker on the driver's host is SIGKILLed: the job goes on, the slot is re-granted.
     victim = f"{driver_host}-slot1"
-    pid = wait_until(lambda: worker_pid(job.pk, victim), f"the pid of {victim}", 10)
+    pid = wait_until(lambda: worker_pid(job, victim), f"the pid of {victim}", 10)
     seen = len(generations(job))
     os.kill(pid, signal.SIGKILL)
     wait_until(

@@ -14,25 +14,9 @@ import pytest
 from jobs import states
 from jobs.models import SlotAllocation, TrainingJob
 from jobs.services import job_kill, job_submit
-from tests.e2e.harness import runtime_events, wait_until
+from tests.e2e.harness import job_pids, runtime_events, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-def job_pids(job_id: int, role: str | None = None) -> list[int]:
-    wanted = {f"EDT_JOB_ID={job_id}".encode()}
-    if role:
-        wanted.add(f"EDT_ROLE={role}".encode())
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                env = set((entry / "environ").read_bytes().split(b"\0"))
-            except OSError:
-                continue
-            if wanted <= env:
-                pids.append(int(entry.name))
-    return pids
 
 
 def test_it_recovers_a_lost_driver_from_its_checkpoint_then_kills_the_job(e2e, e2e_records):
@@ -49,7 +33,7 @@ def test_it_recovers_a_lost_driver_from_its_checkpoint_then_kills_the_job(e2e, e
     )
     wait_until(lambda: any(e.get("epoch") == 1 for e in runtime_events(job, "checkpoint.saved")),
                "the first checkpoint", 150, every=0.2, on_fail=e2e.dump_logs)
-    (driver,) = job_pids(job.pk, "driver")
+    (driver,) = job_pids(job, "driver")
     os.kill(driver, signal.SIGKILL)
 
     def resumed() -> bool:
@@ -71,6 +55,6 @@ def test_it_recovers_a_lost_driver_from_its_checkpoint_then_kills_the_job(e2e, e
     assert job.state == states.KILLED, (job.state, job.error)
     wait_until(lambda: not SlotAllocation.objects.filter(job=job, released_at=None).exists(),
                "the slots to be released", 30, on_fail=e2e.dump_logs)
-    wait_until(lambda: not job_pids(job.pk), "every process of the job to exit", 30)
+    wait_until(lambda: not job_pids(job), "every process of the job to exit", 30)
     reasons = set(SlotAllocation.objects.filter(job=job).values_list("release_reason", flat=True))
     assert "reclaim_forced" not in reasons, reasons
