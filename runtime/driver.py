@@ -102,6 +102,7 @@ class Driver:
             max_workers=env.max_workers,
             grace_s=env.rdzv_grace_s,
             peer_timeout_s=env.peer_timeout_s,
+            late_after_s=env.collective_timeout_s,
             on_event=_emit_and_log,
         )
         blob = checkpoint.load_latest(env.checkpoint_dir)

@@ -275,11 +275,12 @@ class WorkerMembership(Membership):
         raise PullFailed(f"PULL_FAILED {limit} times; giving up")
 
     def _sync(self, failed: bool) -> dict[str, Any]:
+        # The driver may wait for a busy member as long as a collective would.
+        wait_s = max(120.0, self.env.peer_timeout_s * 4, self.env.collective_timeout_s + 60)
         return self._call({
             "op": "sync", "worker_id": self.worker_id, "generation": self.group.generation,
-            "global_step": self.state.progress(), "failed": failed,
-            "timeout": max(120.0, self.env.peer_timeout_s * 4),
-        })
+            "global_step": self.state.progress(), "failed": failed, "timeout": wait_s,
+        }, timeout=wait_s + 30)
 
     def _apply(self, reply: dict[str, Any]) -> None:
         """Do what the driver said, until it says to train (or to go)."""

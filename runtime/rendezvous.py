@@ -8,8 +8,13 @@ current members train; the driver only changes membership at an iteration bounda
 2. the driver pushes ``pending`` down each worker's link at once; workers raise a flag in the next
    gradient all-reduce, so every member agrees to stop after that same step (or a
    collective fails because a peer died, and the survivors arrive with ``failed``);
-3. each member calls ``sync``; once every live member has arrived (members that do not
-   arrive within ``peer_timeout_s`` are dropped as "late") the driver forms generation ``g+1``:
+3. each member calls ``sync``; once every live member has arrived the driver forms generation
+   ``g+1``. A member that does not arrive is waited for as long as its link beats (a long
+   callback, a checkpoint being written: up to ``late_after_s``, the collectives' own
+   timeout), unless the generation is broken (a member lost, or one arrived saying its
+   collective failed): then the others are told so, leave whatever collective they are
+   stuck in, and one that still has not arrived ``peer_timeout_s`` after the first arrival
+   is dropped as "late". The next generation is:
    survivors first (the one with the most committed steps is rank 0), then joiners.
    Leavers are told to leave; when nobody stays, the furthest leaver hands its state to
    the driver first, and rank 0 of the next generation fetches it from there.
@@ -42,12 +47,14 @@ class Rendezvous:
         max_workers: int | None = None,
         grace_s: float = 0.5,
         peer_timeout_s: float = 20.0,
+        late_after_s: float | None = None,
         on_event: Callable[..., None] | None = None,
     ) -> None:
         self.min_workers = min_workers
         self.max_workers = max_workers
         self.grace_s = grace_s
         self.peer_timeout_s = peer_timeout_s
+        self.late_after_s = max(peer_timeout_s, late_after_s or peer_timeout_s)
         self._emit = on_event or (lambda *a, **k: None)
         self.cv = threading.Condition()
         self.generation = 0
@@ -106,6 +113,12 @@ class Rendezvous:
 
     def _room(self) -> bool:
         return self.max_workers is None or len(self._staying()) < self.max_workers
+
+    def _broken_locked(self) -> bool:
+        """This generation's collectives cannot all complete: a member is lost, or one
+        arrived saying its collective failed (its peers may still wait on it)."""
+        return any(m in self.lost for m in self.members) or any(
+            a.failed for m, a in self.arrived.items() if m in self.members)
 
     def _pending_locked(self) -> bool:
         if not self.members:
@@ -170,7 +183,7 @@ class Rendezvous:
         deadline = time.monotonic() + timeout
         with self.cv:
             while True:
-                broken = any(m in self.lost for m in self.members)
+                broken = self._broken_locked()
                 current = (self.generation, self._pending_locked(), self.stop_requested,
                            broken)
                 left = deadline - time.monotonic()
@@ -272,13 +285,15 @@ class Rendezvous:
                 self.cv.notify_all()
 
     def _all_arrived(self, now: float) -> bool:
-        """Whether every live member has come to the sync; those that have not within
-        ``peer_timeout_s`` of the first arrival are dropped as late, and the rest go on."""
+        """Whether every live member has come to the sync. Those that have not are dropped as
+        late ``peer_timeout_s`` after the first arrival when the generation is broken, else
+        ``late_after_s`` after it; one whose link falls silent is lost before that."""
         missing = [m for m in self.members if m not in self.lost and m not in self.arrived]
         if not missing:
             return True
         first = min((a.at for a in self.arrived.values()), default=None)
-        if first is None or now - first < self.peer_timeout_s:
+        wait = self.peer_timeout_s if self._broken_locked() else self.late_after_s
+        if first is None or now - first < wait:
             return False
         self.lost.update(missing)
         self.late.update(missing)

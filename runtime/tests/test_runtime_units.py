@@ -129,11 +129,11 @@ def test_it_never_lets_a_broken_redis_stop_training(tmp_path: Path, monkeypatch)
         events.configure(source="standalone")
 
 
-def _formed_pair(seen: list) -> tuple[Rendezvous, dict]:
+def _formed_pair(seen: list, late_after_s: float | None = None) -> tuple[Rendezvous, dict]:
     """A rendezvous (peer timeout 0.2 s) whose first generation is members a and b."""
     import threading
 
-    rdzv = Rendezvous(grace_s=0, peer_timeout_s=0.2,
+    rdzv = Rendezvous(grace_s=0, peer_timeout_s=0.2, late_after_s=late_after_s,
                       on_event=lambda t, **f: seen.append((t, f)))
     replies: dict = {}
     threads = [threading.Thread(target=lambda w=w: replies.update({w: rdzv.join(w, 5)}))
@@ -209,6 +209,52 @@ def test_a_member_alive_but_missing_the_rendezvous_is_dropped_as_late_and_told_t
     assert replies["a"]["world_size"] == 1 and replies["a"]["generation"] == 2
     assert ("worker.left", {"worker_id": "b", "reason": "late", "generation": 1}) in seen
     assert rdzv.sync("b", 1, 5, True, 1)["action"] == "rejoin"
+
+
+def test_a_member_busy_past_the_peer_timeout_while_its_link_beats_is_waited_for() -> None:
+    """A change lands while b is busy in its own code (a long callback, a checkpoint): b
+    arrives five peer timeouts after a, and stays a member."""
+    import threading
+
+    seen: list = []
+    rdzv, replies = _formed_pair(seen, late_after_s=30)
+    # The change: c joins.
+    joining = threading.Thread(target=lambda: replies.update(c=rdzv.join("c", 10)))
+    joining.start()
+    syncs = {w: threading.Thread(target=lambda w=w: replies.update(
+        {w: rdzv.sync(w, 1, 5, False, 10)})) for w in ("a", "b")}
+    syncs["a"].start()
+    busy_until = time.monotonic() + 1.0  # 5 x the peer timeout
+    while time.monotonic() < busy_until:
+        rdzv.heartbeat("a")
+        rdzv.heartbeat("b")
+        rdzv.tick()
+        assert rdzv.generation == 1 and "b" not in rdzv.lost
+        time.sleep(0.01)
+    syncs["b"].start()
+    while any(t.is_alive() for t in (*syncs.values(), joining)):
+        rdzv.heartbeat("a")
+        rdzv.heartbeat("b")
+        rdzv.tick()
+    assert replies["a"]["generation"] == replies["b"]["generation"] == 2
+    assert {replies[w]["world_size"] for w in "abc"} == {3}
+    assert not [f for t, f in seen if t == "worker.left"]
+
+
+def test_a_failed_arrival_breaks_the_generation_so_a_stuck_member_leaves_its_collective(
+) -> None:
+    seen: list = []
+    rdzv, _ = _formed_pair(seen, late_after_s=30)
+    assert rdzv.wait_view(None, 0)[3] is False
+    import threading
+
+    threading.Thread(target=lambda: rdzv.sync("a", 1, 5, True, 2), daemon=True).start()
+    deadline = time.monotonic() + 5
+    while "a" not in rdzv.arrived:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    generation, pending, _, broken = rdzv.wait_view(None, 0)
+    assert (generation, pending, broken) == (1, True, True)
 
 
 def test_a_failed_group_init_leaves_the_process_able_to_form_the_next() -> None:
