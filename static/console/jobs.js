@@ -40,4 +40,11 @@
       event.preventDefault();
     }
   });
+  // A refresh already on its way when the user started typing or dragging must not land
+  // either: it would put back the old value under their cursor.
+  document.addEventListener("htmx:beforeSwap", (event) => {
+    if (event.target.id === "jobs-live" && !window.EDTJobs.idle()) {
+      event.detail.shouldSwap = false;
+    }
+  });
 })();
