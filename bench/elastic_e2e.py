@@ -46,7 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.runtime import _pct  # noqa: E402
+from bench.runtime import _pct, _wait  # noqa: E402
 
 SLOTS_PER_HOST, HOSTS = 2, 2
 MAIN = "from bench.runtime import as_fabric\n\nas_fabric()\n"
@@ -156,30 +156,6 @@ def holding(job) -> int:
 
     return SlotAllocation.objects.filter(job=job, released_at__isnull=True,
                                          reclaim_requested_at__isnull=True).count()
-
-
-def settled(jobs: list, since: float, timeout: float = 180.0) -> dict:
-    """Wait until the scheduler's shares are stable and every job trains at its share; returns
-    {job pk: (size, when its first step at that size started)}."""
-    def check():
-        sizes = {job.pk: holding(job) for job in jobs}
-        seen = {job.pk: first_step(job, sizes[job.pk], since) for job in jobs}
-        if all(seen.values()) and sizes == {job.pk: holding(job) for job in jobs}:
-            return {pk: (sizes[pk], seen[pk]) for pk in sizes}
-        return None
-
-    return _wait(check, "the jobs to train at their new shares", timeout)
-
-
-def _wait(predicate: Callable[[], Any], what: str, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def first_reclaim(jobs: list, after: float) -> float:
