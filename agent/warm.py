@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -86,6 +87,8 @@ class WarmPool:
         self._pending: dict[int, _Pending] = {}
         self._children: dict[int, WarmProcess] = {}
         self._early_exits: dict[int, int] = {}
+        self._abandoned: set[int] = set()  # requests given up on, started cold instead
+        self._killed: set[int] = set()  # what those forked after all, killed on arrival
         self._started = 0.0
         self._python = ""
         self._stopping = False
@@ -127,6 +130,9 @@ class WarmPool:
                 log.warning("warm process unreachable (%s); starting processes cold", exc)
             return None
         if not pending.done.wait(REPLY_S):
+            # The caller starts it cold now: a fork that comes after all must not run too.
+            self._abandoned.add(ident)
+            self._pending.pop(ident, None)
             log.warning("warm process did not answer in %.0f s; starting cold", REPLY_S)
             return None
         return self._child(pending.reply)
@@ -160,6 +166,8 @@ class WarmPool:
             log.info("warm process %s ready %.1f s after its start", message["pid"],
                      time.monotonic() - self._started)
             self._ready.set()
+        elif message.get("exited") in self._killed:
+            self._killed.discard(message["exited"])
         elif "exited" in message:
             with self._lock:
                 child = self._children.pop(message["exited"], None)
@@ -172,6 +180,12 @@ class WarmPool:
             if pending is not None:
                 pending.reply = message
                 pending.done.set()
+            elif message["id"] in self._abandoned and "pid" in message:
+                self._abandoned.discard(message["id"])
+                self._killed.add(message["pid"])
+                _kill_group(message["pid"])
+                log.warning("warm process answered too late; its process %s is killed (that "
+                            "one was started cold)", message["pid"])
         else:
             log.warning("warm process did not start: %s", message.get("error"))
 
@@ -209,6 +223,13 @@ class WarmPool:
             self._sock.close()
         if self._proc is not None:
             self._proc.wait(10)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass  # gone already
 
 
 def _warm_env() -> dict[str, str]:

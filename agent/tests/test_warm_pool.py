@@ -4,6 +4,7 @@ ended; a job's process through it ends with the same exit code a cold one would.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -77,6 +78,30 @@ def test_a_warm_process_that_dies_after_a_while_is_started_again(pool, main_file
     while not (pool.pid != first and pool.ready(1)):
         assert time.monotonic() < deadline, "no new warm process became ready in 120 s"
     assert _spawn(pool, main_file, "4").wait(60) == 4
+
+
+def test_a_fork_that_answers_too_late_is_killed_not_left_running(pool, main_file, monkeypatch,
+                                                                   caplog):
+    """The caller started that process cold already: a second copy must not run."""
+    monkeypatch.setattr(warm, "REPLY_S", 0.0)  # every answer comes too late
+    with caplog.at_level(logging.WARNING, logger="edt.execution"):
+        assert _spawn(pool, main_file, "hold") is None
+        deadline = time.monotonic() + 60
+        while "answered too late" not in caplog.text:
+            assert time.monotonic() < deadline, "the late fork was never dealt with"
+            time.sleep(0.05)
+    pid = int(caplog.text.split("its process ")[1].split()[0])
+    while _state(pid) not in ("gone", "Z"):
+        assert time.monotonic() < deadline, f"the late fork (pid {pid}) is still running"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 def test_warm_processes_can_be_turned_off(settings):
