@@ -63,3 +63,11 @@ def filesize(value: int) -> str:
 @register.filter
 def state_class(state: str) -> str:
     return f"state state-{(state or '').lower()}"
+
+
+@register.filter
+def is_stopping(job) -> bool:
+    """Whether to show a job as "stopping": asked to stop and not ended yet. A job keeps the
+    time its stop was asked for after it ended, and "KILLED stopping" reads as if it were not
+    over."""
+    return bool(job.stop_requested_at) and not job.is_terminal

@@ -520,3 +520,42 @@ def test_the_job_chart_shows_slots_granted_and_workers_training_apart(browser, o
                                                  finished=timezone.now() + timedelta(seconds=5))
     chart = browser(owner).get(reverse("job-history", args=[job.pk])).json()["chart"]
     assert chart["training"][-1] == 0
+
+
+def _ended(job, state):
+    """``job`` ended in ``state`` after a stop was asked for (the time of it stays on the row)."""
+    TrainingJob.objects.filter(pk=job.pk).update(
+        state=state, stop_requested_at=timezone.now(), finished=timezone.now()
+    )
+
+
+@pytest.mark.parametrize("state", sorted(states.TERMINAL))
+def test_an_ended_job_page_offers_no_live_control(browser, owner, job, state):
+    _ended(job, state)
+    page = browser(owner).get(reverse("job", args=[job.pk])).content.decode()
+    assert "inline-priority" not in page
+    assert reverse("job-priority", args=[job.pk]) not in page
+    assert reverse("job-stop", args=[job.pk]) not in page
+    assert "stopping" not in page
+    assert f"data-state>{state}</span></dd>" in page  # the state, plainly
+
+
+@pytest.mark.parametrize("state", sorted(states.TERMINAL))
+def test_an_ended_job_in_the_jobs_list_offers_no_live_control(browser, owner, job, state):
+    _ended(job, state)
+    page = browser(owner).get(reverse("jobs")).content.decode()
+    assert reverse("job-priority", args=[job.pk]) not in page
+    assert reverse("job-stop", args=[job.pk]) not in page
+    assert "stopping" not in page
+
+
+def test_a_job_asked_to_stop_reads_stopping_until_it_ends(browser, owner, job):
+    TrainingJob.objects.filter(pk=job.pk).update(
+        state=states.RUNNING, stop_requested_at=timezone.now()
+    )
+    client = browser(owner)
+    for name in ("job", "jobs"):
+        page = client.get(reverse(name, args=[job.pk] if name == "job" else [])).content.decode()
+        assert "stopping" in page
+        assert reverse("job-priority", args=[job.pk]) in page
+        assert reverse("job-stop", args=[job.pk]) in page

@@ -279,6 +279,7 @@
   function dashboard(root) {
     const chart = new StepChart(document.getElementById("cluster-chart"), { stacked: true });
     const statusEl = document.querySelector("[data-live-status]");
+    const ended = new Set(); // the jobs this page saw end: a job never starts again
     let reloading = null;
 
     function totals(cluster) {
@@ -314,37 +315,55 @@
 
     function changed() { document.body.dispatchEvent(new CustomEvent("edt:changed")); }
 
+    /* Other users' jobs: whatever the cluster uses beyond the bands this page draws. Worked
+     * out again after every event that brings the totals, not only theirs: the totals are
+     * read when an event is ingested, so they may already count a change whose own event is
+     * still on its way, and a band sized from them once would stay off by that much. */
+    function setOthers(cluster, ms) {
+      const others = Math.max(0, cluster.used - chart.total(OTHERS));
+      if (others !== chart.value(OTHERS)) chart.set(OTHERS, others, ms, "Other users' jobs");
+    }
+
+    function onUsage(ev, ms) {
+      // The server sends the slots in use in the whole cluster, and the workers training in
+      // the jobs this user may not see (only when that changed).
+      if (ev.cluster) { setOthers(ev.cluster, ms); changed(); }
+      if (typeof ev.others_training === "number") {
+        setTraining(OTHERS, ev.others_training, ms, "Other users' jobs");
+      }
+    }
+
+    /* The slots a job holds from now on, as the page should draw them. An ended job holds
+     * none: its slots are given back after its last state is announced, and the scheduler
+     * does so without an event of its own, so the count its last event carried would stay
+     * drawn, stacked on the jobs that get those slots next. */
+    function slotsOf(key, ev) {
+      if (ev.type === "job.state" && ENDED.includes(ev.state)) { ended.add(key); return 0; }
+      if (typeof ev.slots !== "number") return null;
+      return ended.has(key) ? 0 : ev.slots;
+    }
+
     function onEvent(ev) {
       if (ev.cluster) totals(ev.cluster);
       const ms = msOf(ev);
-      if (ev.type === "cluster.usage") {
-        // Other users' jobs: the server sends the slots in use in the whole cluster, and the
-        // workers training in the jobs this user may not see (only when that changed).
-        if (ev.cluster) {
-          const others = Math.max(0, ev.cluster.used - chart.total(OTHERS));
-          if (others !== chart.value(OTHERS)) chart.set(OTHERS, others, ms, "Other users' jobs");
-          changed();
-        }
-        if (typeof ev.others_training === "number") {
-          setTraining(OTHERS, ev.others_training, ms, "Other users' jobs");
-        }
-        return;
-      }
+      if (ev.type === "cluster.usage") { onUsage(ev, ms); return; }
       if (ev.job_id === undefined) return;
       const key = String(ev.job_id);
-      if (typeof ev.slots === "number") {
+      const held = slotsOf(key, ev);
+      if (held !== null) {
         if (!chart.has(key)) { reload(); changed(); return; }
-        if (chart.value(key) !== ev.slots) chart.set(key, ev.slots, ms);
+        if (chart.value(key) !== held) chart.set(key, held, ms);
         const cell = document.querySelector('[data-job-slots="' + key + '"]');
-        if (cell) cell.textContent = ev.slots;
+        if (cell) cell.textContent = held;
+        if (ev.cluster && chart.has(OTHERS)) setOthers(ev.cluster, ms);
       }
       // The same rule as the job page: a new generation's size, 0 once the job ended.
-      const training = ev.type === "generation.changed" && typeof ev.size === "number" ? ev.size
-        : ev.type === "job.state" && ENDED.includes(ev.state) ? 0 : null;
+      const training = ended.has(key) ? 0
+        : ev.type === "generation.changed" && typeof ev.size === "number" ? ev.size : null;
       if (training !== null) {
         if (!chart.has(key)) reload(); else setTraining(key, training, ms);
       }
-      if (ev.type.startsWith("job.") || typeof ev.slots === "number") changed();
+      if (ev.type.startsWith("job.") || held !== null) changed();
     }
 
     connect(root.dataset.ws, { onOpen: load, onEvent: onEvent, statusEl: statusEl });
@@ -374,6 +393,7 @@
     let seenEvent = new Set();
     let lastMetric = {};
     let step = 0;
+    let ended = false; // the job reached a final state: it holds no slot from then on
 
     const key = (ev) => ev.seq || ev.type + "|" + (ev.source || "") + "|" + Math.round((ev.ts || 0) * 1e6);
 
@@ -459,6 +479,15 @@
       if (!el || !state) return;
       el.textContent = state;
       el.className = "state state-" + state.toLowerCase();
+      if (ENDED.includes(state)) { ended = true; endControls(); }
+    }
+
+    /* An ended job takes no more orders: the page that watched it end drops its Stop button,
+     * its "stopping" note and its priority box (the priority stays, as text), as a reload would. */
+    function endControls() {
+      document.querySelectorAll("[data-live-control]").forEach((el) => {
+        if (el.dataset.value !== undefined) el.replaceWith(el.dataset.value); else el.remove();
+      });
     }
 
     /* Show one log record unless it is at or before the last one shown; lines without an id
@@ -535,16 +564,18 @@
       seenEvent.add(key(ev));
       appendEvent(ev);
       if (t === "epoch.end") { addEpoch(ev, "train"); perEpoch.draw(); }
-      if (typeof ev.slots === "number") {
-        setText("[data-slots]", ev.slots);
-        if (slots.value(jobKey) !== ev.slots) slots.set(jobKey, ev.slots, msOf(ev));
+      if (t === "job.state") setState(ev.state);
+      // The dashboard's rule: an ended job holds no slot and trains no worker, whatever count
+      // its last events carried (the scheduler gives the slots back without an event).
+      const held = ended ? 0 : ev.slots;
+      if (typeof held === "number") {
+        setText("[data-slots]", held);
+        if (slots.value(jobKey) !== held) slots.set(jobKey, held, msOf(ev));
       }
-      if (t === "generation.changed" && typeof ev.size === "number") {
-        slots.set(TRAINING, ev.size, msOf(ev));
-      }
-      if (t === "job.state") {
-        setState(ev.state);
-        if (ENDED.includes(ev.state)) slots.set(TRAINING, 0, msOf(ev));
+      const training = ended ? 0
+        : t === "generation.changed" && typeof ev.size === "number" ? ev.size : null;
+      if (training !== null && slots.value(TRAINING) !== training) {
+        slots.set(TRAINING, training, msOf(ev));
       }
       if (t === "checkpoint.saved" || t === "model.saved") {
         document.body.dispatchEvent(new CustomEvent("edt:results"));

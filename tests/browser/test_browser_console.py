@@ -5,6 +5,10 @@ sees. Screenshots of the dashboard and a job page are kept under ``test-artifact
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page
@@ -333,3 +337,118 @@ def test_the_api_docs_render_under_the_content_security_policy(page: Page, conso
     page.goto("/api/docs/")
     page.wait_for_selector(".swagger-ui .info .title")
     assert page.locator(".opblock").count() > 10
+
+
+
+# The slots of every band of the dashboard's chart, the workers training aside: the stack's top.
+SLOT_TOTAL_JS = """() => {
+  const chart = Chart.getChart("cluster-chart");
+  return chart.data.datasets.filter((d) => !String(d.key).startsWith("training"))
+    .reduce((sum, d) => sum + d.data[d.data.length - 1].y, 0);
+}"""
+
+# One more job of alice's in seed-ig: it gets the group's last 2 slots.
+SUBMIT = """
+from django.contrib.auth import get_user_model
+from jobs.services import job_submit
+from models.models import ModelDefinition
+from resources.models import InstanceGroup
+ig = InstanceGroup.objects.get(name="seed-ig")
+alice = get_user_model().objects.get(username="alice")
+model = ModelDefinition.objects.get(name="seed-model")
+job = job_submit(user=alice, model=model, instance_group=ig, max_workers=2, name="ending job")
+print(ig.pk, job.pk)
+"""
+# The seeded job may grow to take the slots given back (and shrinks back after).
+MAX_WORKERS = """
+from jobs.models import TrainingJob
+TrainingJob.objects.filter(pk={job}).update(max_workers={n})
+"""
+
+# A job ends the way the scheduler ends one: its state first, announced while its slots are
+# still held, then (END_RELEASE) the slots given back with no event of their own.
+END_STATE = """
+from events.publish import publish
+from jobs import states
+from jobs.models import TrainingJob
+job = TrainingJob.objects.get(pk={job})
+job.transition(states.KILLED, error="Stopped")
+publish("job.state", job.pk, "scheduler", state=states.KILLED, message="Killed")
+"""
+END_RELEASE = """
+from django.utils import timezone
+from jobs.models import SlotAllocation
+SlotAllocation.objects.filter(job_id={job}, released_at__isnull=True).update(
+    released_at=timezone.now(), release_reason="job_ended")
+"""
+
+
+def console_shell(console, code: str) -> str:
+    """Run ``code`` against the console's own database, as its other processes would."""
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code],
+                          cwd=Path(__file__).resolve().parents[2], env=console.env, check=True,
+                          text=True, capture_output=True)
+    return done.stdout.strip()
+
+
+def slot_bands(page: Page) -> dict:
+    return {k: v for k, v in bands(page, "cluster-chart").items()
+            if not str(k).startswith("training")}
+
+
+def wait_for_slot_bands(page: Page, expected: dict[str, int], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if page.evaluate("() => !!(window.Chart && Chart.getChart('cluster-chart'))"):
+            if slot_bands(page) == expected:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the cluster chart shows {slot_bands(page)}, expected {expected}")
+
+
+def test_an_ended_job_leaves_the_live_chart_and_its_controls(page: Page, console):
+    """A job that ends while the dashboard and its page are open: its band drops to 0 at once,
+    so the slots it gave back are not drawn twice once another job gets them, and its page
+    drops the priority box and the Stop button."""
+    try:
+        _end_a_job_while_watched(page, console)
+    finally:
+        console_shell(console, MAX_WORKERS.format(job=console.seeded_job, n=2))
+
+
+def _end_a_job_while_watched(page: Page, console) -> None:
+    group, ending = console_shell(console, SUBMIT).split()[-2:]
+    seeded = str(console.seeded_job)
+    log_in(page, "alice", console.password)
+    page.goto(f"/jobs/{ending}/")
+    wait_for_bands(page, "slots-chart", {ending: 2}, timeout=20)
+    page.wait_for_selector("[data-live-status].on")
+    assert page.locator(".inline-priority").is_visible()
+    assert page.locator("a.button:has-text('Stop')").is_visible()
+
+    dash = page.context.new_page()
+    dash.goto(f"/instance-groups/{group}/")
+    dash.wait_for_selector("[data-live-status].on")
+    wait_for_slot_bands(dash, {seeded: 2, ending: 2})
+
+    console_shell(console, END_STATE.format(job=ending))
+    page.wait_for_selector("[data-state]:text-is('KILLED')")
+    console_shell(console, END_RELEASE.format(job=ending))
+    console_shell(console, MAX_WORKERS.format(job=seeded, n=4))
+    # The scheduler hands the slots to the seeded job; the ended job's band must not stay.
+    try:
+        dash.wait_for_function(
+            "(key) => Chart.getChart('cluster-chart').data.datasets.some("
+            "  (d) => d.key === key && d.data[d.data.length - 1].y === 4)", arg=seeded)
+    except PlaywrightTimeout:
+        raise AssertionError(f"the seeded job did not grow: {slot_bands(dash)}") from None
+    drawn = dash.evaluate(SLOT_TOTAL_JS)
+    used = int(dash.inner_text("[data-used]"))
+    assert drawn == used <= 4, f"{slot_bands(dash)} drawn, {used} of 4 slots used"
+    assert slot_bands(dash)[ending] == 0
+
+    # The ended job's page kept no live control, without a reload.
+    assert page.locator(".inline-priority").is_hidden()
+    assert page.locator("a.button:has-text('Stop')").is_hidden()
+    assert "stopping" not in page.inner_text(".summary")
+    dash.close()
