@@ -350,7 +350,14 @@ class GroupCycle:
         for job in state.jobs:
             if job.state in states.TERMINAL:
                 for alloc in state.by_job.pop(job.pk, []):
-                    self.release(alloc, RELEASE_JOB_ENDED)
+                    if self.release(alloc, RELEASE_JOB_ENDED):
+                        # Said like every other release, so live charts drop the slot now.
+                        publish_event(
+                            job, "slot.released",
+                            f"Slot {alloc.slot} on {alloc.host.name} given back: the job "
+                            f"ended", host=alloc.host.name, slot=alloc.slot,
+                            allocation=alloc.pk, reason=RELEASE_JOB_ENDED,
+                        )
             else:
                 jobs.append(job)
         return jobs

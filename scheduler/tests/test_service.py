@@ -7,6 +7,7 @@ implementation is covered by ``agent/tests`` and ``tests/e2e``."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -493,3 +494,20 @@ def test_a_cycle_blocks_neither_a_submission_nor_a_finishing_driver(
     SchedulerService(RecordingExecutor(), host_timeout_s=60).cycle()
     assert outcome == {"submit": "committed", "finish": "committed"}, outcome
     assert TrainingJob.objects.get(pk=running.pk).state == states.FINISHED
+
+
+def test_an_ended_job_gives_its_slots_back_and_says_so(owner, model_def, cluster, cycle,
+                                                       settings, redis_client):
+    """Live charts learn of each slot a job that ended gives back, as of every other release."""
+    job = submit(owner, model_def, cluster, max_workers=3)
+    cycle()
+    assert sum(held(job).values()) == 3
+    job.transition(states.FINISHED)
+    cycle()
+    released = job.allocations.filter(release_reason="job_ended")
+    assert released.count() == 3 and not job.allocations.filter(released_at=None).exists()
+    entries = redis_client.xrange(settings.EDT_EVENTS_STREAM)
+    said = [json.loads(fields[b"data"]) for _, fields in entries]
+    said = [e for e in said if e["type"] == "slot.released" and e["job_id"] == job.pk]
+    assert sorted(e["allocation"] for e in said) == sorted(released.values_list("pk", flat=True))
+    assert {e["reason"] for e in said} == {"job_ended"}
