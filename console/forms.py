@@ -3,9 +3,12 @@ the data roots, ownership, ranges), and their errors are put back on the field a
 
 from __future__ import annotations
 
+import uuid
+
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 
 from jobs import priority as priority_bounds
 from models.models import ModelDefinition
@@ -162,9 +165,20 @@ class TrainForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Optional; one NAME=value a line, e.g. EDT_PULL_FAILED_LIMITS=3.",
     )
+    # A one-time token rendered with the page: a second POST of the same page (a double click,
+    # the browser's resubmit, Back then Start again) carries the same token, and the view
+    # answers it with the job the first POST created. Optional, so a script posting the form
+    # without it still works, just without that protection.
+    submit_token = forms.CharField(
+        widget=forms.HiddenInput, required=False, max_length=64,
+        validators=[RegexValidator(r"^[0-9a-f]*$", "This form is damaged; reload the page.")],
+    )
 
     def __init__(self, *args, models, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # A fresh token for each page shown; a bound form keeps the token it was posted with,
+        # so a form shown again with its errors still names the same (not yet used) submission.
+        self.fields["submit_token"].initial = uuid.uuid4().hex
         self.fields["model"].queryset = models
         self.fields["instance_group"].queryset = InstanceGroup.objects.order_by("name")
         # The service enforces the limit; the browser hint just saves a round trip.

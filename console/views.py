@@ -254,21 +254,35 @@ def train(request: HttpRequest, model_id: int | None = None) -> HttpResponse:
         initial["instance_group"] = groups[0]
     form = forms.TrainForm(request.POST or None, initial=initial, models=models)
     if request.method == "POST" and form.is_valid():
-        data = form.cleaned_data
         try:
-            job = job_services.job_submit(
-                user=request.user, model=data["model"], instance_group=data["instance_group"],
-                max_workers=data["max_workers"], devices_per_worker=data["devices_per_worker"],
-                priority=data["priority"], name=data["name"], args=data["args"],
-                env_vars=data["env_vars"],
-            )
+            job, created = _submit_train_form(request, form.cleaned_data)
         except ValidationError as exc:
             forms.add_service_errors(form, exc)
         else:
-            messages.success(request, f"Job {job.pk} submitted.")
+            if created:
+                messages.success(request, f"Job {job.pk} submitted.")
+            else:
+                messages.info(request, f"This form was already submitted as job {job.pk}.")
             return redirect("job", pk=job.pk)
     status = 400 if form.errors else 200
     return render(request, "console/train.html", {"form": form, "models": models}, status=status)
+
+
+def _submit_train_form(request: HttpRequest, data: dict) -> tuple[TrainingJob, bool]:
+    """Submit the Train form once per token: ``(job, created)``."""
+    submission = {
+        "user": request.user, "model": data["model"], "instance_group": data["instance_group"],
+        "max_workers": data["max_workers"], "devices_per_worker": data["devices_per_worker"],
+        "priority": data["priority"], "name": data["name"], "args": data["args"],
+        "env_vars": data["env_vars"],
+    }
+    if not data["submit_token"]:
+        return job_services.job_submit(**submission), True
+    # No fingerprint: the token is the page's own, so a resubmitted page (even with fields
+    # edited after Back) is the same submission and lands on the job it already created.
+    return job_services.job_submit_once(
+        submit_key=f"console:{data['submit_token']}", **submission
+    )
 
 
 # --- jobs ------------------------------------------------------------------------------------

@@ -84,12 +84,28 @@ class TrainingJob(models.Model):
     stop_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="A cooperative stop was asked for; the runtime confirms."
     )
+    # The submission that created the job: the Train form's one-time token ("console:...") or
+    # an API client's Idempotency-Key ("api:..."). Unique per owner, so a repeated submission
+    # (a double click, a retried request) cannot create a second job even when two arrive at
+    # once: the database refuses the second row. Empty for jobs submitted without one, which
+    # the constraint leaves out.
+    submit_key = models.CharField(max_length=255, blank=True, editable=False)
+    # A digest of the API request that used ``submit_key``: the same key with another body is
+    # a client's mistake, refused rather than answered with a job it did not describe.
+    submit_fingerprint = models.CharField(max_length=64, blank=True, editable=False)
 
     objects = TrainingJobQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created", "-id"]
         indexes = [models.Index(fields=["instance_group", "state"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "submit_key"],
+                condition=~Q(submit_key=""),
+                name="job_unique_submit_key_per_owner",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name or f"job {self.pk}"

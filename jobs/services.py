@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from config.control_plane import wake_scheduler
@@ -70,8 +71,13 @@ def job_submit(
     args: str = "",
     hyper_parameters: dict | None = None,
     dataset=None,
+    submit_key: str = "",
+    submit_fingerprint: str = "",
 ) -> TrainingJob:
-    """Create a job in SUBMITTED, hand it to the scheduler (PENDING) and wake the scheduler."""
+    """Create a job in SUBMITTED, hand it to the scheduler (PENDING) and wake the scheduler.
+
+    ``submit_key`` is stored on the row under a unique constraint; ``job_submit_once`` is the
+    caller that turns a repeated key into the first job instead of an ``IntegrityError``."""
     if model.owner_id != user.id and not is_admin(user):
         raise PermissionDenied("You can only train your own models.")
     validate_max_workers(max_workers)
@@ -102,6 +108,8 @@ def job_submit(
             hyper_parameters=hp,
             epochs=epochs if isinstance(epochs, int) and epochs >= 0 else 0,
             max_restarts=settings.EDT_DEFAULT_MAX_RESTARTS,
+            submit_key=submit_key,
+            submit_fingerprint=submit_fingerprint,
         )
         job.result_dir = str(jobfiles.result_folder(job.pk))
         job.save(update_fields=["result_dir"])
@@ -111,6 +119,63 @@ def job_submit(
         )
         wake_scheduler("job.submitted", job=job.pk)
     return job
+
+
+# How long a submission key names its job: a retry within this window gets the first job back,
+# a key reused after it submits a new one (the Idempotency-Key convention of payment APIs).
+SUBMIT_KEY_WINDOW = timedelta(hours=24)
+
+
+class SubmitKeyReused(Exception):
+    """The same submission key came with a different request: refused, since answering with
+    the first job would tell the client its second request was carried out."""
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.job = job
+        super().__init__(
+            f"This Idempotency-Key was already used for job {job.pk} with a different request "
+            "body; send a new key to submit a different job."
+        )
+
+
+def _submitted_with_key(*, user, key: str, fingerprint: str) -> TrainingJob | None:
+    """The job ``user`` submitted with ``key`` within the window, or None."""
+    job = TrainingJob.objects.filter(owner=user, submit_key=key).first()
+    if job is None:
+        return None
+    if job.created < timezone.now() - SUBMIT_KEY_WINDOW:
+        # The key has expired: free it for this submission. Conditional, so two requests that
+        # free it at once both succeed and then race on the insert, which the constraint settles.
+        TrainingJob.objects.filter(pk=job.pk, submit_key=key).update(submit_key="")
+        return None
+    if job.submit_fingerprint != fingerprint:
+        raise SubmitKeyReused(job)
+    return job
+
+
+def job_submit_once(
+    *, user, submit_key: str, submit_fingerprint: str = "", **submission
+) -> tuple[TrainingJob, bool]:
+    """``job_submit`` at most once per ``(user, submit_key)`` within ``SUBMIT_KEY_WINDOW``.
+
+    Returns ``(job, created)``: the new job, or the one the key already named. Raises
+    ``SubmitKeyReused`` when the key named a job submitted with another fingerprint."""
+    earlier = _submitted_with_key(user=user, key=submit_key, fingerprint=submit_fingerprint)
+    if earlier is not None:
+        return earlier, False
+    try:
+        job = job_submit(
+            user=user, submit_key=submit_key, submit_fingerprint=submit_fingerprint, **submission
+        )
+    except IntegrityError:
+        # The look-up above saw no job, but a concurrent submission with the same key committed
+        # before our insert: the unique constraint, not the look-up, is what makes this safe.
+        # job_submit's atomic block has rolled back, so the connection is usable again.
+        earlier = _submitted_with_key(user=user, key=submit_key, fingerprint=submit_fingerprint)
+        if earlier is None:
+            raise
+        return earlier, False
+    return job, True
 
 
 def job_set_priority(*, job: TrainingJob, priority: int, user) -> TrainingJob:

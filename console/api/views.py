@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from config.ownership import is_admin
 from console.api import serializers as s
 from console.api.errors import call_service
+from console.api.idempotency import IDEMPOTENCY_KEY, idempotency_key, request_fingerprint
 from datasets import services as dataset_services
 from datasets.models import Dataset
 from jobs import services as job_services
@@ -176,13 +177,35 @@ class JobViewSet(
             TrainingJob.objects.visible_to(self.request.user).with_workers().select_related("owner")
         )
 
-    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer})
+    @extend_schema(
+        request=s.JobSubmitSerializer,
+        responses={201: s.JobSerializer},
+        parameters=[IDEMPOTENCY_KEY],
+    )
     def create(self, request):
-        """Submit a training job (the console's Train button)."""
+        """Submit a training job (the console's Train button). With an ``Idempotency-Key``
+        header, a retry with the same key and body returns the first job instead of a new one."""
+        key = idempotency_key(request)
         form = s.JobSubmitSerializer(data=request.data, context={"request": request})
         form.is_valid(raise_exception=True)
-        job = call_service(job_services.job_submit, user=request.user, **form.validated_data)
-        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        if key is None:
+            job = call_service(job_services.job_submit, user=request.user, **form.validated_data)
+            return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        try:
+            job, created = call_service(
+                job_services.job_submit_once, user=request.user, submit_key=f"api:{key}",
+                submit_fingerprint=request_fingerprint(request.data), **form.validated_data,
+            )
+        except job_services.SubmitKeyReused as exc:
+            return Response(
+                {"detail": str(exc), "job": exc.job.pk},
+                status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+            )
+        job = self.get_queryset().get(pk=job.pk)
+        # A replay answers as the first response did (201, the job as it is now) and says so
+        # in a header, so a client's retry loop needs no special case.
+        headers = {} if created else {"Idempotent-Replayed": "true"}
+        return Response(s.JobSerializer(job).data, status=status.HTTP_201_CREATED, headers=headers)
 
     @extend_schema(request=s.JobPrioritySerializer, responses={200: s.JobSerializer})
     def partial_update(self, request, pk=None):
