@@ -75,9 +75,7 @@ def job_submit(
     submit_fingerprint: str = "",
 ) -> TrainingJob:
     """Create a job in SUBMITTED, hand it to the scheduler (PENDING) and wake the scheduler.
-
-    ``submit_key`` is stored on the row under a unique constraint; ``job_submit_once`` is the
-    caller that turns a repeated key into the first job instead of an ``IntegrityError``."""
+    ``submit_key`` is kept under a unique constraint: see ``job_submit_once``."""
     if model.owner_id != user.id and not is_admin(user):
         raise PermissionDenied("You can only train your own models.")
     validate_max_workers(max_workers)
