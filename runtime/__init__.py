@@ -11,7 +11,10 @@ cluster. Modules:
 - a worker: ``worker`` (the training loop), ``membership`` (standalone, a group of one, or a
   worker under the driver: join, re-sync, leave), ``link`` (the worker's persistent link
   to its driver), ``process_group`` (a generation's ``torch.distributed`` group),
-  ``gradients`` (flat buffers, one all-reduce per step), ``data`` (datasets to batches),
+  ``gradients`` (bucketed all-reduces overlapping backward), ``data`` (datasets to
+  batches), ``randomness`` (seeds by sample and micro-batch), ``batchnorm`` (running
+  statistics as one process would keep them), ``optimization`` (precision, clipping,
+  learning-rate schedules),
   ``validation``, ``metrics``, ``errors`` (what ends training, and the exit codes);
 - both: ``config`` (the environment contract), ``wire`` (the authenticated protocol),
   ``sampler`` (size-independent sample order), ``state`` / ``checkpoint`` / ``results``

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .errors import UserCodeError
+from .randomness import Randomness
 from .sampler import ElasticSampler
 
 
@@ -53,14 +54,19 @@ def to_device(obj: Any, device: torch.device) -> Any:
 
 
 class Batches:
-    """Loads the micro-batches of each step, one step ahead, on ``threads`` threads."""
+    """Loads the micro-batches of each step, one step ahead, on ``threads`` threads.
+
+    A micro-batch's samples are read in order with the generators seeded from the epoch and
+    its first sample (:class:`~runtime.randomness.Randomness`), so random augmentation
+    follows the sample."""
 
     def __init__(self, train_ds: Any, sampler: ElasticSampler, collate: Any, threads: int,
-                 device: torch.device) -> None:
+                 device: torch.device, randomness: Randomness) -> None:
         self.train_ds = train_ds
         self.sampler = sampler
         self.collate = collate
         self.device = device
+        self.randomness = randomness
         self.pool = ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="edt-data")
         self._prefetch: dict[tuple, list[Future]] = {}
 
@@ -68,9 +74,14 @@ class Batches:
         """Drop what was loaded ahead: the group changed, so the next step's share did too."""
         self._prefetch = {}
 
-    def _load(self, indices: list[int]) -> Any:
+    def _read(self, dataset: Any, epoch: int, index: int, key: int) -> Any:
+        with self.randomness.samples(epoch, key):
+            return dataset[index]
+
+    def _load(self, epoch: int, indices: list[int]) -> Any:
         try:
-            samples = [self.train_ds[i] for i in indices]
+            with self.randomness.samples(epoch, indices[0]):
+                samples = [self.train_ds[i] for i in indices]
             return self.collate(samples)
         except Exception as exc:
             raise UserCodeError(
@@ -78,7 +89,7 @@ class Batches:
             ) from exc
 
     def _submit(self, epoch: int, step: int, rank: int, world: int) -> list[Future]:
-        return [self.pool.submit(self._load, idx)
+        return [self.pool.submit(self._load, epoch, idx)
                 for idx in self.sampler.assignment(epoch, step, rank, world)]
 
     def step(self, epoch: int, step: int, rank: int, world: int) -> list[Future]:
@@ -102,9 +113,13 @@ class Batches:
             )
         return to_device(batch[0], self.device), to_device(batch[1], self.device)
 
-    def evaluation(self, dataset: Any, rows: range, batch_size: int) -> Iterator[tuple]:
-        """The batches of ``rows`` of ``dataset``, loaded as they are asked for."""
+    def evaluation(self, dataset: Any, rows: range, batch_size: int,
+                   epoch: int) -> Iterator[tuple]:
+        """The batches of ``rows`` of ``dataset``, loaded as they are asked for. Test samples
+        are seeded too (keys below zero, apart from the training samples'), so a random
+        test-time transform gives the same metrics at any size."""
         return (
-            self.split(self.collate([dataset[i] for i in rows[j: j + batch_size]]))
+            self.split(self.collate([self._read(dataset, epoch, i, -1 - i)
+                                     for i in rows[j: j + batch_size]]))
             for j in range(0, len(rows), batch_size)
         )

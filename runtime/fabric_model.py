@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .config import JobEnv
+from .optimization import check_clip, check_precision, check_scaler, schedules
 
 _TF_MODULES = ("keras", "tensorflow", "tf_keras")
 
@@ -67,6 +68,12 @@ class FabricModel:
     too: ``driver_logger=``, ``worker_logger=``, ``user_callback=[...]``,
     ``enable_onnx=``, ``fn_step_train=``, ``fn_test=``, ``scaleup_function=``. After
     ``train()``, ``download(out_dir=None)`` packs the trained model (WMLA 4.x notebooks).
+
+    Beyond WMLA (:mod:`runtime.optimization`): ``precision=`` ("32", "bf16-mixed",
+    "16-mixed"), ``grad_scaler=`` (a ``torch.amp.GradScaler``, or True/False),
+    ``clip_grad_norm=`` and ``lr_scheduler=`` (a scheduler, a dict with ``scheduler``,
+    ``interval`` "step" or "epoch" and ``monitor``, or a list of them). The runtime owns
+    them so that they move with the training state when the job is rescaled.
     """
 
     def __init__(
@@ -89,6 +96,10 @@ class FabricModel:
         fn_step_train: Any = None,
         fn_test: Any = None,
         scaleup_function: Any = None,
+        precision: str | None = None,
+        grad_scaler: Any = None,
+        clip_grad_norm: float | None = None,
+        lr_scheduler: Any = None,
     ) -> None:
         _reject_non_torch(model)
         if not callable(datasets_function):
@@ -117,6 +128,10 @@ class FabricModel:
         # Accepted for WMLA compatibility; the constant global batch already keeps the
         # mathematics the same at every size, so there is nothing to rescale.
         self.scaleup_function = scaleup_function
+        self.precision = check_precision(precision)
+        self.grad_scaler = check_scaler(grad_scaler, self.precision, fn_step_train is not None)
+        self.clip_grad_norm = check_clip(clip_grad_norm)
+        self.lr_schedulers = schedules(lr_scheduler, optimizer)
         # What download() packs: set when train() has finished here (name, result folder).
         self.trained: tuple[str, str | None] | None = None
 

@@ -1,9 +1,18 @@
-"""Gradients of one worker: flat buffers for the all-reduce, and the accumulation a WMLA
-``fn_step_train`` needs.
+"""Gradients of one worker: bucketed all-reduces that overlap backward, and the
+accumulation a WMLA ``fn_step_train`` needs.
 
-The step's statistics (:class:`runtime.metrics.StepStats`) travel in the same all-reduce
-as the gradients: one collective per step instead of two (a whole round trip between all
-members).
+As in PyTorch's DDP, the parameters are cut into buckets in reverse order (the order
+backward produces their gradients), every ``p.grad`` is a view into its bucket's flat
+buffer, and a bucket's all-reduce starts as soon as the last of its gradients is
+accumulated, while backward goes on with the layers before. Buckets start strictly in
+order, so every member issues the same collectives in the same order.
+
+Only the backward of a worker's *last* micro-batch of a step starts them: the gradients
+of its earlier micro-batches are still being summed. The step's statistics (loss,
+samples, the change flag, and anything else the step sums, such as BatchNorm's running
+statistics) must therefore be final before that backward: :meth:`GradientBuckets.seal`
+writes them into the tail of the bucket that starts last, so they cost no collective
+of their own.
 """
 
 from __future__ import annotations
@@ -13,102 +22,169 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .metrics import StepStats
 from .process_group import all_reduce_cpu, collective
 
-# Statistics folded into a gradient buffer: loss, samples, index sum (two parts), change flag.
-FOLDED_STATS = 5
+# DDP's sizes: a small first bucket, so that communication starts early in backward.
+FIRST_BUCKET_BYTES = 1 << 20
+BUCKET_BYTES = 25 << 20
 # The sample-index sum is split in two parts below this, each an exact integer in float32.
 _INDEX_SPLIT = 4096
+# Where the index sum sits in a payload (runtime.metrics.StepStats.INDEX_SUM).
+_INDEX = 2
+
+
+class Bucket:
+    """A flat buffer of gradients, each parameter's ``grad`` a view into it."""
+
+    def __init__(self, params: list[torch.nn.Parameter], n_stats: int) -> None:
+        size = sum(p.numel() for p in params)
+        first = params[0]
+        self.flat = torch.zeros(size + n_stats, dtype=first.dtype, device=first.device)
+        self.views: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        offset = 0
+        for p in params:
+            self.views.append((p, self.flat[offset: offset + p.numel()].view_as(p)))
+            offset += p.numel()
+        self.stats = self.flat[size:] if n_stats else None
+        self.waiting = len(params)
+
+    def point_grads(self) -> None:
+        for p, view in self.views:
+            if p.grad is not view:
+                p.grad = view
+
+    def gather(self) -> None:
+        """Take in gradients that code replaced (``zero_grad`` in a ``fn_step_train``)."""
+        for p, view in self.views:
+            if p.grad is None:
+                p.grad = view  # unused this step: its slice is still zero
+            elif p.grad is not view:
+                view.copy_(p.grad)
+                p.grad = view
+
+
+def _buckets_of(params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
+    """Parameters in reverse order, cut into buckets of one dtype and device each."""
+    out: list[list[torch.nn.Parameter]] = []
+    open_: dict[tuple, tuple[list[torch.nn.Parameter], int]] = {}
+    for p in reversed(params):
+        key = (p.dtype, p.device)
+        members, size = open_.get(key, ([], 0))
+        if not members:
+            out.append(members)
+        members.append(p)
+        size += p.numel() * p.element_size()
+        limit = FIRST_BUCKET_BYTES if len(out) == 1 else BUCKET_BYTES
+        open_[key] = ([], 0) if size >= limit else (members, size)
+    return [b for b in out if b]
 
 
 class GradientBuckets:
-    """One flat gradient buffer per dtype, with every ``p.grad`` a view into it.
+    """The gradients of one member, summed over the group bucket by bucket.
 
-    Backward then accumulates straight into the buffer and the all-reduce works on it
-    in place: no per-step allocation and no copy in or out, the layout DDP gets from
-    ``gradient_as_bucket_view``. Code that replaces ``p.grad`` (a WMLA ``fn_step_train``
-    calling ``zero_grad``) still works: such a gradient is copied back in before the
-    all-reduce. Alone (a group of one) no buffer is used: gradients are dropped after each
-    step and backward's own tensors used as they are.
+    A step: :meth:`zero`, the micro-batches' backward passes (the last one after
+    :meth:`seal`), then :meth:`finish`. Alone (a group of one) no buffer is used: backward's
+    own tensors are kept and dropped after each step.
     """
 
-    def __init__(self, params: list[torch.nn.Parameter], optimizer: Any, n_metrics: int) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], optimizer: Any, n_payload: int) -> None:
         self.params = params
         self.optimizer = optimizer
-        groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+        self.n_payload = n_payload
+        groups = _buckets_of(params)
+        # The payload rides in the bucket that starts last, if it holds floats.
+        last = groups[-1][0].dtype if groups else None
+        fold = last in (torch.float32, torch.float64)
+        self.buckets = [Bucket(g, n_payload + 1 if fold and i == len(groups) - 1 else 0)
+                        for i, g in enumerate(groups)]
+        self._owner = {p: b for b in self.buckets for p, _ in b.views}
+        self._works: list[Any] = []
+        self._armed = False
+        self._payload: torch.Tensor | None = None
+        self._error: BaseException | None = None
         for p in params:
-            groups.setdefault((p.dtype, p.device), []).append(p)
-        self.buckets: list[tuple[torch.Tensor, list[tuple[torch.nn.Parameter, torch.Tensor]]]]
-        self.buckets = []
-        # The step's statistics ride at the end of the first float32/float64 buffer.
-        self.stats_slot: torch.Tensor | None = None
-        for (dtype, device), members in groups.items():
-            fold = self.stats_slot is None and dtype in (torch.float32, torch.float64)
-            self.buckets.append(self._bucket(members, dtype, device,
-                                             FOLDED_STATS + n_metrics if fold else 0))
+            p.register_post_accumulate_grad_hook(self._accumulated)
 
-    def _bucket(self, params: list[torch.nn.Parameter], dtype: torch.dtype,
-                device: torch.device, n_stats: int) -> tuple[torch.Tensor, list]:
-        size = sum(p.numel() for p in params)
-        flat = torch.zeros(size + n_stats, dtype=dtype, device=device)
-        views, offset = [], 0
-        for p in params:
-            views.append((p, flat[offset: offset + p.numel()].view_as(p)))
-            offset += p.numel()
-        if n_stats:
-            self.stats_slot = flat[size:]
-        return flat, views
-
+    # -- a step ----------------------------------------------------------------------
     def zero(self, world: int) -> None:
-        """Zero the buffers and point every ``p.grad`` back at its view."""
+        """Zero the buffers and point every ``p.grad`` back at its view; any collective of
+        a failed step is forgotten."""
+        self._works, self._armed, self._error, self._payload = [], False, None, None
         if world == 1:
             self.optimizer.zero_grad(set_to_none=True)
             return
-        for flat, views in self.buckets:
-            flat.zero_()
-            for p, view in views:
-                if p.grad is not view:
-                    p.grad = view
+        for b in self.buckets:
+            b.flat.zero_()
+            b.point_grads()
+            b.waiting = len(b.views)
 
-    def all_reduce(self, stats: StepStats, world: int, device: torch.device) -> None:
-        """Sum the gradients and ``stats`` over the group, in place."""
+    def seal(self, payload: torch.Tensor, world: int, overlap: bool) -> None:
+        """The step's sums (float64) are final; with ``overlap``, the coming backward starts
+        each bucket's all-reduce as soon as it is ready."""
+        self._payload = payload
+        if world == 1:
+            return
+        stats = self.buckets[-1].stats if self.buckets else None
+        if stats is not None:
+            stats.copy_(_pack(payload))
+        self._armed = overlap
+
+    def finish(self, world: int, device: torch.device) -> torch.Tensor:
+        """Start the buckets backward did not, wait for all; returns the summed payload."""
+        payload = self._payload
+        assert payload is not None, "seal() comes before finish()"
+        self._armed = False
         if world == 1:
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)  # as a bucket's zero slice would be
-            return
-        self._gather_grads()
-        slot = self.stats_slot
-        if slot is not None:
-            slot.copy_(_fold(stats.sums))
+            return payload
         with collective():
-            for flat, _ in self.buckets:
-                dist.all_reduce(flat)
-            if slot is not None:
-                _unfold(slot.to("cpu", torch.float64), stats.sums)
-        if slot is None:
-            all_reduce_cpu(stats.sums, device)
+            if self._error is not None:
+                raise self._error
+            self._start_ready(everything=True)
+            for work in self._works:
+                work.wait()
+            stats = self.buckets[-1].stats if self.buckets else None
+            if stats is not None:
+                return _unpack(stats.to("cpu", torch.float64))
+        all_reduce_cpu(payload, device)
+        return payload
 
-    def _gather_grads(self) -> None:
-        for _, views in self.buckets:
-            for p, view in views:
-                if p.grad is None:
-                    p.grad = view  # unused this step: its slice is still zero
-                elif p.grad is not view:
-                    view.copy_(p.grad)
-                    p.grad = view
+    # -- while backward runs ---------------------------------------------------------
+    def _accumulated(self, p: torch.nn.Parameter) -> None:
+        if not self._armed:
+            return
+        bucket = self._owner[p]
+        bucket.waiting -= 1
+        if bucket.waiting == 0:
+            try:
+                self._start_ready(everything=False)
+            except Exception as exc:  # noqa: BLE001 - raised in finish(), as a peer failure
+                self._error = exc
+                self._armed = False
+
+    def _start_ready(self, everything: bool) -> None:
+        """Start the next buckets in order, as far as they are ready (or all of them)."""
+        while len(self._works) < len(self.buckets):
+            bucket = self.buckets[len(self._works)]
+            if not everything and bucket.waiting > 0:
+                return
+            bucket.gather()
+            self._works.append(dist.all_reduce(bucket.flat, async_op=True))
 
 
-def _fold(sums: torch.Tensor) -> torch.Tensor:
-    hi, lo = divmod(int(sums[StepStats.INDEX_SUM].item()), _INDEX_SPLIT)
-    return torch.cat([sums[:2], torch.tensor([hi, lo], dtype=torch.float64), sums[3:]])
+def _pack(payload: torch.Tensor) -> torch.Tensor:
+    """The payload with its index sum split in two exact parts (float32 holds integers
+    exactly only below 2**24)."""
+    hi, lo = divmod(int(payload[_INDEX].item()), _INDEX_SPLIT)
+    return torch.cat([payload[:_INDEX], torch.tensor([hi, lo], dtype=torch.float64),
+                      payload[_INDEX + 1:]])
 
 
-def _unfold(summed: torch.Tensor, sums: torch.Tensor) -> None:
-    sums[:2] = summed[:2]
-    sums[StepStats.INDEX_SUM] = summed[2] * _INDEX_SPLIT + summed[3]
-    sums[3:] = summed[4:]
+def _unpack(summed: torch.Tensor) -> torch.Tensor:
+    return torch.cat([summed[:_INDEX], (summed[_INDEX] * _INDEX_SPLIT + summed[_INDEX + 1])
+                      .reshape(1), summed[_INDEX + 2:]])
 
 
 class Accumulator:

@@ -38,13 +38,19 @@ def _cpu(obj: Any) -> Any:
     return obj
 
 
-def snapshot(model: torch.nn.Module, optimizer: Any, position: Position) -> dict[str, Any]:
-    return {
+def snapshot(model: torch.nn.Module, optimizer: Any, position: Position,
+             extras: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The state as plain containers. ``extras`` are other stateful objects by name
+    (learning-rate schedulers, the loss scaler) that must move with the model."""
+    state = {
         "format": "edt-state/1",
         "model": _cpu(model.state_dict()),
         "optimizer": _cpu(optimizer.state_dict()),
         "position": position.as_dict(),
     }
+    if extras:
+        state["extras"] = {name: _cpu(obj.state_dict()) for name, obj in extras.items()}
+    return state
 
 
 def dumps(state: dict[str, Any]) -> bytes:
@@ -60,9 +66,16 @@ def loads(data: bytes) -> dict[str, Any]:
     return state
 
 
-def restore(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> Position:
+def restore(model: torch.nn.Module, optimizer: Any, state: dict[str, Any],
+            extras: dict[str, Any] | None = None) -> Position:
+    """Load ``state`` into the objects; an extra the state does not hold (a checkpoint from
+    before the script added a scheduler) keeps its fresh state."""
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    saved = state.get("extras", {})
+    for name, obj in (extras or {}).items():
+        if name in saved:
+            obj.load_state_dict(saved[name])
     return Position(**state["position"])
 
 
@@ -76,17 +89,19 @@ class TrainingState:
     ``has_state`` says whether this process holds the job's training state at all: a joiner
     does not until its first generation gives it one (a standalone run always does)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: Any) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: Any,
+                 extras: dict[str, Any] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.extras = dict(extras or {})
         self.pos = Position()
         self.has_state = False
 
     def blob(self) -> bytes:
-        return dumps(snapshot(self.model, self.optimizer, self.pos))
+        return dumps(snapshot(self.model, self.optimizer, self.pos, self.extras))
 
     def load(self, blob: bytes) -> None:
-        self.pos = restore(self.model, self.optimizer, loads(blob))
+        self.pos = restore(self.model, self.optimizer, loads(blob), self.extras)
 
     def progress(self) -> int:
         """How far this state is (-1: none), for the driver to pick the furthest survivor."""

@@ -19,13 +19,16 @@ class Evaluator:
     """Loss and metrics of the model over a test set, with the user's ``fn_test`` when the
     model has one (WMLA), else with its ``loss_function`` and ``metrics``."""
 
-    def __init__(self, fm: Any, proxy: Any, metric_names: list[str], batches: Batches,
-                 batch_size: int) -> None:
+    def __init__(self, fm: Any, proxy: Any, metric_fns: list[Any], metric_names: list[str],
+                 batches: Batches, batch_size: int) -> None:
         self.fm = fm
         self.model: torch.nn.Module = fm.model
         self.proxy = proxy
-        self.metric_fns = list(fm.metrics or [])
+        self.metric_fns = metric_fns
         self.metric_names = metric_names
+        # How many metrics a fn_test returns beside the loss (it may return fewer than
+        # the model has); those it does not return are not reported rather than shown as 0.
+        self.returned = len(metric_fns)
         self.batches = batches
         self.batch_size = batch_size
 
@@ -35,7 +38,7 @@ class Evaluator:
         stats = torch.zeros(2 + len(self.metric_fns), dtype=torch.float64)
         self.model.eval()
         try:
-            batches = self.batches.evaluation(dataset, rows, self.batch_size)
+            batches = self.batches.evaluation(dataset, rows, self.batch_size, epoch)
             with torch.no_grad():
                 if self.fm.fn_test is not None:
                     self._user_test(stats, batches, len(rows), epoch)
@@ -51,7 +54,7 @@ class Evaluator:
             all_reduce_cpu(stats, self.batches.device)
         n = max(1.0, stats[1].item())
         metrics = {"loss": stats[0].item() / n}
-        for i, name in enumerate(self.metric_names):
+        for i, name in enumerate(self.metric_names[: self.returned]):
             metrics[name] = stats[2 + i].item() / n
         return metrics, int(stats[1].item())
 
@@ -62,6 +65,7 @@ class Evaluator:
             return
         res = self.fm.fn_test(self.proxy, batches, {"epoch": epoch})
         values = res if isinstance(res, tuple | list) else [res]
+        self.returned = min(len(values) - 1, len(self.metric_fns))
         stats[0] = as_float(values[0]) * rows
         for i, v in enumerate(values[1: 1 + len(self.metric_fns)]):
             stats[2 + i] = as_float(v) * rows

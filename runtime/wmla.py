@@ -7,9 +7,11 @@ in ``wmla_compat/``, put in ``$FABRIC_HOME/libs/fabric.zip`` by :mod:`runtime.fa
 
 Hyper-parameters reach ``pth_parameter_mgr`` through the job environment:
 ``EDT_HPARAMS`` (a JSON object) or ``EDT_HPARAMS_FILE`` (a JSON file), with keys
-``epochs``, ``batch_size`` (or ``train_batch_size``), ``optimizer`` (a torch.optim class
-name, default ``SGD``), ``learning_rate`` (or ``lr``), ``momentum``, ``weight_decay``,
-``betas``, ``eps``, ``train_data_dir``, ``test_data_dir``. The data folders default to
+``epochs``, ``batch_size`` (or ``train_batch_size``), ``test_batch_size``, ``optimizer`` (a
+torch.optim class name, default ``SGD``), ``learning_rate`` (or ``lr``), ``momentum``,
+``weight_decay``, ``betas``, ``eps``, ``lr_policy`` (``fixed``, ``step``, ``multistep``,
+``exp``, ``plateau``) with ``stepsize``, ``stepvalue``, ``gamma``, ``train_data_dir``,
+``test_data_dir``. The data folders default to
 ``EDT_TRAIN_DATA_DIR`` / ``EDT_TEST_DATA_DIR``, then ``$DATA_DIR/train`` /
 ``$DATA_DIR/test`` when they exist, then ``$DATA_DIR``.
 """
@@ -165,17 +167,34 @@ class ELog:
 
 # -- WMLA's generic module names ------------------------------------------------------------
 
-# ``callbacks``, ``elog`` and ``emetrics`` are too generic to install at the top level of every
-# environment the project goes into. A job finds them on its PYTHONPATH (``wmla_compat/``) or
-# in ``fabric.zip``; anywhere else (``python elastic-main.py`` where the project is installed)
-# they are served by this finder, which importing one of WMLA's own names (``fabric_model``,
-# ``pth_parameter_mgr``, ``pyedt``) puts last on ``sys.meta_path``: every folder on ``sys.path``
-# is searched first, so a model folder's own ``elog.py`` or ``edtcallback.py`` always wins.
+# ``callbacks``, ``elog``, ``emetrics`` and ``monitor_pth`` are too generic to install at the
+# top level of every environment the project goes into. A job finds them on its PYTHONPATH
+# (``wmla_compat/``) or in ``fabric.zip``; anywhere else (``python elastic-main.py`` where the
+# project is installed) they are served by this finder, which importing one of WMLA's own
+# names (``fabric_model``, ``pth_parameter_mgr``, ``pyedt``) puts last on ``sys.meta_path``:
+# every folder on ``sys.path`` is searched first, so a model folder's own ``elog.py`` or
+# ``edtcallback.py`` always wins.
 FALLBACK_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "callbacks": ("runtime.callbacks", ("Callback", "LoggerCallback")),
     "elog": ("runtime.wmla", ("ELog",)),
     "emetrics": ("runtime.wmla", ("EMetrics",)),
+    "monitor_pth": ("runtime.wmla", ("PytorchMonitor",)),
 }
+
+
+class PytorchMonitor:
+    """WMLA's ``from monitor_pth import PytorchMonitor`` (DLI's training insights), which IBM's
+    learning-path PyTorch samples import. The insights here come from the ELog lines and the
+    job's metrics, so the monitor only has to exist: it takes any arguments and every method
+    of it does nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
 
 
 class _FallbackNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -195,7 +214,8 @@ class _FallbackNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def expose_module_names() -> None:
-    """Make ``callbacks``, ``elog`` and ``emetrics`` importable, after everything else."""
+    """Make ``callbacks``, ``elog``, ``emetrics`` and ``monitor_pth`` importable, after
+    everything else."""
     if not any(isinstance(f, _FallbackNames) for f in sys.meta_path):
         sys.meta_path.append(_FallbackNames())
 
@@ -242,9 +262,46 @@ def getTrainBatchSize() -> int:  # noqa: N802
     return int(hp.get("batch_size", hp.get("train_batch_size", 32)))
 
 
-def getLearningRate() -> float:  # noqa: N802
+def getTestBatchSize() -> int:  # noqa: N802
+    """The test loader's batch size: ``test_batch_size``, else the training one."""
+    hp = hparams()
+    return int(hp.get("test_batch_size", getTrainBatchSize()))
+
+
+def _learning_rate() -> float:
     hp = hparams()
     return float(hp.get("learning_rate", hp.get("lr", 0.01)))
+
+
+def getLearningRate(optimizer: Any = None) -> Any:  # noqa: N802
+    """WMLA's two uses: ``getLearningRate()`` is the learning rate; ``getLearningRate(optimizer)``
+    (IBM's PyTorch samples: ``scheduler = pth_parameter_mgr.getLearningRate(optimizer)``, then
+    ``if scheduler: scheduler.step()`` each epoch) is the learning-rate policy as a torch
+    scheduler over that optimizer, or None for a fixed rate."""
+    if optimizer is None:
+        return _learning_rate()
+    return lr_scheduler(optimizer, hparams())
+
+
+def lr_scheduler(optimizer: Any, hp: dict[str, Any]) -> Any:
+    """The scheduler ``lr_policy`` names (WMLA's Train form's policies); None for ``fixed``."""
+    from torch.optim import lr_scheduler as sched
+
+    policy = str(hp.get("lr_policy", "fixed")).lower()
+    gamma = float(hp.get("gamma", 0.1))
+    if policy in ("", "fixed", "none"):
+        return None
+    if policy == "step":
+        return sched.StepLR(optimizer, step_size=int(hp.get("stepsize", 1)), gamma=gamma)
+    if policy == "multistep":
+        steps = hp.get("stepvalue", [])
+        milestones = [int(v) for v in (steps if isinstance(steps, list) else [steps])]
+        return sched.MultiStepLR(optimizer, milestones=milestones, gamma=gamma)
+    if policy in ("exp", "exponential"):
+        return sched.ExponentialLR(optimizer, gamma=gamma)
+    if policy == "plateau":
+        return sched.ReduceLROnPlateau(optimizer, factor=gamma)
+    raise ValueError(f"unknown lr_policy {policy!r} (fixed, step, multistep, exp or plateau)")
 
 
 def getOptimizer(model: Any) -> Any:  # noqa: N802
@@ -258,7 +315,7 @@ def getOptimizer(model: Any) -> Any:  # noqa: N802
     if cls is None or not isinstance(cls, type):
         raise ValueError(f"unknown optimizer {name!r} (expected a torch.optim class name)")
     accepted = inspect.signature(cls).parameters
-    kwargs: dict[str, Any] = {"lr": getLearningRate()}
+    kwargs: dict[str, Any] = {"lr": _learning_rate()}
     for key in ("momentum", "weight_decay", "betas", "eps", "nesterov", "alpha", "dampening"):
         if key in hp and key in accepted:
             value = hp[key]

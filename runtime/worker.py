@@ -4,9 +4,12 @@ Both run :class:`Trainer`, the training loop; what differs is the membership bes
 (:mod:`runtime.membership`): standalone is a group of one, a worker is a member of its
 job's current generation under the driver. A step: every member computes the
 micro-batches the sampler assigns to its rank (loss scaled by micro-batch size / global
-batch size, gradients accumulated), then one all-reduce of the summed gradients with the
-step statistics folded in (loss, metric and sample-index sums, sample count, and a
-*change* flag; :mod:`runtime.gradients`). The flag is raised by any member whose link
+batch size, gradients accumulated), and the summed gradients are all-reduced in buckets
+that start during the last micro-batch's backward, with the step statistics folded in
+(loss, metric and sample-index sums, sample count, BatchNorm's running statistics, and a
+*change* flag; :mod:`runtime.gradients`). Randomness is seeded by sample and micro-batch,
+never by worker (:mod:`runtime.randomness`), so a step is the same at any size
+(``docs/elastic-semantics.md``). The flag is raised by any member whose link
 saw ``pending`` from the driver, so all members see the same sum and stop at the same
 boundary to re-sync. A collective that fails (a peer died; gloo/nccl time out after
 ``EDT_PEER_TIMEOUT_S``) raises :class:`~runtime.errors.PeerFailure`; the step is not
@@ -18,6 +21,7 @@ failed; 3 driver lost; 4 PULL_FAILED more than ``EDT_PULL_FAILED_LIMITS`` times.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -25,12 +29,14 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from . import context, events
+from .batchnorm import RunningStats
 from .callbacks import QuietLogger, UserCallbacks, call, log_metrics
 from .config import JobEnv
 from .data import Batches, load_datasets
@@ -38,6 +44,8 @@ from .errors import PeerFailure, UserCodeError
 from .gradients import Accumulator, GradientBuckets
 from .membership import Group, membership_for
 from .metrics import StepStats, accuracy, metric_name
+from .optimization import Optimization
+from .randomness import Randomness
 from .sampler import ElasticSampler
 from .state import Position, TrainingState
 from .validation import Evaluator
@@ -98,10 +106,15 @@ class Trainer:
         self.backend, self.device = _backend_and_device(env)
         self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.grads = GradientBuckets(self.params, self.optimizer, len(fm.metrics or []))
+        self.randomness = Randomness(env.seed, self.device)
+        self.optim = Optimization(fm, self.device)
+        self.running = RunningStats(self.model)
+        self.metric_fns = _metric_functions(fm)
+        self.n_stats = len(StepStats(len(self.metric_fns)))
+        self.grads = GradientBuckets(self.params, self.optimizer, self.n_stats + self.running.size)
         self.grads.zero(world=1)  # no group yet
         self.worker_logger = fm.worker_logger_callback or QuietLogger()
-        self.state = TrainingState(self.model, self.optimizer)
+        self.state = TrainingState(self.model, self.optimizer, self.optim.stateful())
         self.members = membership_for(env, self.state, self.backend, fm.driver_logger_callback)
 
     @property
@@ -131,11 +144,10 @@ class Trainer:
         self.steps = self.sampler.steps_per_epoch
         self.batches = Batches(self.train_ds, self.sampler,
                                fm.fn_batch_collate or torch.utils.data.default_collate,
-                               cfg["num_dataloader_threads"], self.device)
-        self.metric_fns = list(fm.metrics or [])
+                               cfg["num_dataloader_threads"], self.device, self.randomness)
         self.metric_names = [metric_name(m, i) for i, m in enumerate(self.metric_fns)]
         self.proxy = ModelProxy(self.model, self.optimizer, fm.loss_function)
-        self.evaluator = Evaluator(fm, self.proxy, self.metric_names, self.batches,
+        self.evaluator = Evaluator(fm, self.proxy, self.metric_fns, self.metric_names, self.batches,
                                    cfg["batch_size"])
         self.callbacks = UserCallbacks(
             fm.user_callbacks,
@@ -172,6 +184,7 @@ class Trainer:
             except PeerFailure as exc:
                 print(f"[edt] generation {self.group.generation} failed ({exc}); re-forming",
                       file=sys.stderr, flush=True)
+                self.running.rollback()
                 self.grads.zero(self.group.world)
                 self.members.regroup(failed=True)
                 continue
@@ -197,15 +210,14 @@ class Trainer:
         context.update(epoch=epoch, iteration=step)
         futures = self.batches.step(epoch, step, self.group.rank, world)
         self.callbacks.fire("on_batch_begin", step)
-        stats = self._compute(epoch, step, futures)
-        local = stats.copy()
-        if self.members.change_pending():
-            stats.raise_change()
-        self.grads.all_reduce(stats, world, self.device)
+        stats, local = self._compute(epoch, step, futures)
+        summed = self.grads.finish(world, self.device)
+        stats.load(summed[: self.n_stats])
+        self.running.finish(summed[self.n_stats:])
         loss = stats.loss()
         if not math.isfinite(loss):
             raise UserCodeError(f"loss is {loss} at epoch {epoch} iteration {step + 1}")
-        self.optimizer.step()
+        self.optim.step()
         self.grads.zero(world)
         self.pos.step += 1
         self.pos.global_step += 1
@@ -216,56 +228,97 @@ class Trainer:
         self.callbacks.fire("on_batch_end", step, metrics)
         return stats.changed
 
-    def _compute(self, epoch: int, step: int, futures: list[Future]) -> StepStats:
-        """Forward and backward over this rank's micro-batches; their summed statistics."""
+    def _compute(self, epoch: int, step: int,
+                 futures: list[Future]) -> tuple[StepStats, StepStats]:
+        """Forward and backward over this rank's micro-batches; returns the step's sums
+        (the group's once :meth:`GradientBuckets.finish` is done) and this rank's own."""
         g = self.group
-        assignment = self.sampler.assignment(epoch, step, g.rank, g.world)
+        micro = self.sampler.micro_batches(epoch, step)
+        mine = range(g.rank, len(micro), g.world)  # the sampler's round robin
         total = self.sampler.step_size(epoch, step)
         stats = StepStats(len(self.metric_fns))
+        self._local = None
         self.model.train()
+        self.running.begin(len(micro), g.world)
         accum = Accumulator(self.params) if self.fm.fn_step_train is not None else None
-        for idx, fut in zip(assignment, futures, strict=True):
+        for j, (b, fut) in enumerate(zip(mine, futures, strict=True)):
             x, y = self.batches.split(fut.result())
-            loss, values = self._micro_step(x, y, len(idx) / total, accum, epoch, step)
-            stats.add(idx, loss, values)
+            last = accum is None and j == len(mine) - 1
+            self._micro_step(x, y, micro[b], (epoch, step, b), len(micro[b]) / total, accum,
+                             stats, last)
         if accum is not None:
             accum.restore()
-        return stats
+        if self._local is None:  # no micro-batch here, or a fn_step_train's own backward
+            self._seal(stats, overlap=False)
+        local, self._local = self._local, None
+        return stats, local
 
-    def _micro_step(self, x: Any, y: Any, scale: float, accum: Accumulator | None,
-                    epoch: int, step: int) -> tuple[Any, list[Any]]:
-        """One micro-batch's backward (gradients scaled by its share of the global batch);
-        returns its loss and metric values."""
+    _local: StepStats | None = None
+
+    def _seal(self, stats: StepStats, overlap: bool) -> None:
+        """This rank's sums are final: keep a copy for its own logger, raise the change flag
+        if the driver asked, and hand them to the all-reduce."""
+        self._local = stats.copy()
+        if self.members.change_pending():
+            stats.raise_change()
+        payload = torch.cat([stats.sums, self.running.payload()])
+        self.grads.seal(payload, self.group.world, overlap)
+
+    def _micro_step(self, x: Any, y: Any, idx: list[int], where: tuple[int, int, int],
+                    scale: float, accum: Accumulator | None, stats: StepStats,
+                    last: bool) -> None:
+        """One micro-batch's forward and backward (gradients scaled by its share of the
+        global batch), counted in ``stats``. ``where`` is (epoch, step, micro-batch)."""
         try:
             if accum is None:
-                return self._step_with_loss_function(x, y, scale)
-            return self._step_with_fn_step_train(x, y, scale, accum, epoch, step)
-        except UserCodeError:
+                self._step_with_loss_function(x, y, idx, where, scale, stats, last)
+            else:
+                self._step_with_fn_step_train(x, y, idx, where, scale, accum, stats)
+        except (UserCodeError, PeerFailure):
             raise
         except Exception as exc:
             raise UserCodeError(f"training step raised {type(exc).__name__}: {exc}") from exc
 
-    def _step_with_loss_function(self, x: Any, y: Any, scale: float) -> tuple[Any, list[Any]]:
-        out = self.model(x)
-        loss = self.fm.loss_function(out, y)
+    @contextlib.contextmanager
+    def _forward(self, where: tuple[int, int, int]) -> Iterator[None]:
+        """Around a forward pass: the generators seeded for this micro-batch (under the
+        lock the data loader shares), autocast, and BatchNorm's running statistics."""
+        epoch, step, b = where
+        with (self.randomness.micro_batch(epoch, step, b), self.optim.autocast(),
+              self.running.micro_batch(b)):
+            yield
+
+    def _step_with_loss_function(self, x: Any, y: Any, idx: list[int],
+                                 where: tuple[int, int, int], scale: float, stats: StepStats,
+                                 last: bool) -> None:
+        with self._forward(where):
+            out = self.model(x)
+            loss = self.fm.loss_function(out, y)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise UserCodeError(
                 "loss_function must return a scalar tensor, got "
                 f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}"
             )
-        (loss * scale).backward()
-        return loss, [m(out.detach(), y) for m in self.metric_fns]
+        stats.add(idx, loss, [m(out.detach(), y) for m in self.metric_fns])
+        if last:
+            # Backward now starts the all-reduces, so the step's sums must be final.
+            self._seal(stats, overlap=True)
+        self.optim.scale(loss * scale).backward()
 
-    def _step_with_fn_step_train(self, x: Any, y: Any, scale: float, accum: Accumulator,
-                                 epoch: int, step: int) -> tuple[Any, list[Any]]:
+    def _step_with_fn_step_train(self, x: Any, y: Any, idx: list[int],
+                                 where: tuple[int, int, int], scale: float, accum: Accumulator,
+                                 stats: StepStats) -> None:
         """WMLA's ``fn_step_train(model, (x, y), eva, None, params)`` runs its own backward
         and returns ``(accuracy, loss)`` or the loss."""
         accum.before()
-        eva = self.metric_fns[0] if self.metric_fns else accuracy
-        res = self.fm.fn_step_train(self.proxy, (x, y), eva, None, {"epoch": epoch, "step": step})
+        eva = self.metric_fns[0]
+        epoch, step, _ = where
+        with self._forward(where):
+            res = self.fm.fn_step_train(self.proxy, (x, y), eva, None,
+                                        {"epoch": epoch, "step": step})
         acc, loss = (res if isinstance(res, tuple | list) else (None, res))
         accum.after(scale)
-        return loss, ([acc] if self.metric_fns and acc is not None else [])
+        stats.add(idx, loss, [] if acc is None else [acc])
 
     def _log_step(self, t0: float, epoch: int, step: int, local: StepStats, stats: StepStats,
                   metrics: dict[str, float]) -> None:
@@ -303,6 +356,7 @@ class Trainer:
     def _end_epoch(self) -> None:
         epoch = self.pos.epoch
         test = self._validate(epoch) if self._validates(epoch) else None
+        self.optim.end_epoch(test[0] if test else None)
         self.pos.epoch += 1
         self.pos.step = 0
         self.pos.samples_seen = 0
@@ -360,6 +414,16 @@ class Trainer:
         self.callbacks.fire("on_train_end")
         call(self.worker_logger, "on_train_end")
         self.members.finish()
+
+
+def _metric_functions(fm: Any) -> list[Any]:
+    """The model's metrics. A WMLA ``fn_step_train`` is handed an evaluation function and
+    returns its value beside the loss; with no metric of the model's own that function is
+    :func:`~runtime.metrics.accuracy`, and its value is reported as such, as WMLA does."""
+    metrics = list(fm.metrics or [])
+    if not metrics and fm.fn_step_train is not None:
+        return [accuracy]
+    return metrics
 
 
 def run_trainer(fm: Any, cfg: dict[str, Any], env: JobEnv) -> None:

@@ -5,7 +5,8 @@ Knobs (environment): TEST_EPOCHS, TEST_SAMPLES, TEST_BATCH, TEST_ENGINES, TEST_D
 ("epoch:iteration": this worker SIGKILLs itself inside that step), TEST_SLOW_AT
 ("epoch:iteration:seconds": this worker's step takes that much longer), TEST_HOLD_AT and
 TEST_HOLD_DIR (hold steps until the test releases them; see hold()), TEST_FAIL
-(dataset_raises | bad_return | nan_loss), TEST_CKPT_FREQ, TEST_ONNX.
+(dataset_raises | bad_return | nan_loss), TEST_CKPT_FREQ, TEST_ONNX, TEST_MODEL ("mlp", the
+default: a float64 MLP; "real": what real training code does, see real_training()).
 """
 
 import os
@@ -89,10 +90,48 @@ def loss_fn(output, target):
     return loss
 
 
+class Augmented(Dataset):
+    """Small images, randomly flipped and noised on every read, as augmentation does."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 3, 6, 6, generator=g)
+        self.y = self.x.mean(dim=(1, 2))[:, :3].argmax(dim=1)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if DELAY:
+            time.sleep(DELAY)
+        x = self.x[i]
+        if torch.rand(1).item() < 0.5:
+            x = x.flip(-1)
+        return x + 0.1 * torch.randn_like(x), self.y[i]
+
+
+def real_training():
+    """Dropout, BatchNorm, random augmentation, a per-step and a per-epoch learning-rate
+    schedule, gradient clipping and bfloat16 autocast with a loss scale."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Dropout(0.3), nn.Flatten(), nn.Linear(8 * 6 * 6, 16),
+                          nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=8)
+    decay = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.7)
+    return FabricModel(
+        model, lambda: (Augmented(SAMPLES, 1), Augmented(32, 2)), loss_fn, optimizer,
+        metrics=[accuracy], precision="bf16-mixed", grad_scaler=True, clip_grad_norm=0.5,
+        lr_scheduler=[{"scheduler": warmup, "interval": "step"}, decay])
+
+
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).double()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-edt = FabricModel(model, get_datasets, loss_fn, optimizer, metrics=[accuracy],
-                  save_to_onnx=os.environ.get("TEST_ONNX") == "1")
+if os.environ.get("TEST_MODEL") == "real":
+    edt = real_training()
+else:
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    edt = FabricModel(model, get_datasets, loss_fn, optimizer, metrics=[accuracy],
+                      save_to_onnx=os.environ.get("TEST_ONNX") == "1")
 edt.train(EPOCHS, BATCH, ENGINES, num_dataloader_threads=1,
           checkpoint_freq=int(os.environ.get("TEST_CKPT_FREQ", "1")))

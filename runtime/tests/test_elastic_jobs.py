@@ -45,6 +45,20 @@ def reference(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def real_reference(tmp_path_factory) -> Path:
+    """The script's real-training variant (dropout, BatchNorm, augmentation, schedules,
+    clipping, bfloat16 with a loss scale) trained standalone."""
+    out = tmp_path_factory.mktemp("standalone_real")
+    proc = run_standalone(out, TEST_SAMPLES=str(SAMPLES), TEST_MODEL="real")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _reference(request: pytest.FixtureRequest, model: str, mlp: str) -> Path:
+    return request.getfixturevalue(mlp if model == "mlp" else "real_reference")
+
+
+@pytest.fixture(scope="module")
 def fixed_four(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fixed4")
     run_job(out, 4, TEST_SAMPLES=str(SAMPLES))
@@ -85,12 +99,14 @@ def test_it_trains_on_four_workers(fixed_four: Path, reference: Path) -> None:
 
 
 @pytest.mark.slow
-def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path,
-                                                         fixed_four: Path) -> None:
+@pytest.mark.parametrize("model", ["mlp", "real"])
+def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path, model: str,
+                                                         request: pytest.FixtureRequest) -> None:
+    reference = _reference(request, model, "fixed_four")
     hold = tmp_path / "hold"
     hold.mkdir()
     env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), TEST_HOLD_DIR=str(hold),
-                   TEST_HOLD_AT="0:2,1:3")
+                   TEST_HOLD_AT="0:2,1:3", TEST_MODEL=model)
     with LocalJob(SCRIPT, env=env) as job:
         job.start_driver()
         job.add_worker("w0")
@@ -114,7 +130,7 @@ def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path,
         assert job.wait(120) == 0, driver_log(tmp_path)
     sizes = [s["size"] for s in steps(tmp_path)]
     assert [v for i, v in enumerate(sizes) if i == 0 or sizes[i - 1] != v] == [1, 4, 2, 3]
-    assert_same_training(tmp_path, fixed_four)
+    assert_same_training(tmp_path, reference)
     assert_every_sample_once(tmp_path, SAMPLES, 2)
     changes = [e for e in events(tmp_path) if e["type"] == "generation.changed"]
     assert [e["size"] for e in changes] == [1, 4, 2, 3]
@@ -128,9 +144,12 @@ def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_it_survives_a_worker_killed_mid_iteration(tmp_path: Path, reference: Path) -> None:
+@pytest.mark.parametrize("model", ["mlp", "real"])
+def test_it_survives_a_worker_killed_mid_iteration(tmp_path: Path, model: str,
+                                                   request: pytest.FixtureRequest) -> None:
+    reference = _reference(request, model, "reference")
     env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="3",
-                   EDT_PEER_TIMEOUT_S="8")
+                   EDT_PEER_TIMEOUT_S="8", TEST_MODEL=model)
     with LocalJob(SCRIPT, env=env) as job:
         job.start_driver()
         job.add_worker("w0")

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from runtime import events
 from runtime.config import JobEnv
 from runtime.driver import Driver
-from runtime.gradients import Accumulator, GradientBuckets, _fold, _unfold
+from runtime.gradients import Accumulator, GradientBuckets, _pack, _unpack
 from runtime.membership import Group, StandaloneMembership, membership_for
 from runtime.metrics import StepStats, metric_name
 from runtime.rendezvous import Arrival, _furthest
@@ -59,10 +59,9 @@ def test_step_stats_average_over_the_samples_of_the_step() -> None:
 
 def test_the_folded_index_sum_stays_exact_in_a_float32_buffer() -> None:
     stats = StepStats(n_metrics=2)
-    stats.sums[:] = torch.tensor([1.5, 64, 2**35 + 12345, 1, 0.25, 0.75], dtype=torch.float64)
-    folded = _fold(stats.sums).to(torch.float32)  # as it rides in a float32 gradient buffer
-    back = torch.zeros_like(stats.sums)
-    _unfold(folded.to(torch.float64), back)
+    stats.values = [1.5, 64, 2**35 + 12345, 1, 0.25, 0.75]
+    folded = _pack(stats.sums).to(torch.float32)  # as it rides in a float32 gradient buffer
+    back = _unpack(folded.to(torch.float64))
     assert back[StepStats.INDEX_SUM].item() == 2**35 + 12345
     assert back.tolist() == stats.sums.tolist()
 
@@ -71,27 +70,30 @@ def test_gradient_buckets_reduce_in_place_and_take_back_replaced_gradients(
         one_process_group) -> None:
     model, opt = _model_and_opt()
     params = list(model.parameters())
-    buckets = GradientBuckets(params, opt, n_metrics=0)
+    stats = StepStats(0)
+    buckets = GradientBuckets(params, opt, len(stats))
     buckets.zero(world=2)
-    views = [view for _, vs in buckets.buckets for _, view in vs]
-    assert all(p.grad is v for p, v in zip(params, views, strict=True))
+    views = {p: view for b in buckets.buckets for p, view in b.views}
+    assert all(p.grad is views[p] for p in params)
     model(torch.ones(1, 3)).sum().backward()
     params[1].grad = torch.full_like(params[1], 7.0)  # user code replaced one gradient
-    stats = StepStats(0)
     stats.add([1, 2], 1.0, [])
-    buckets.all_reduce(stats, world=2, device=torch.device("cpu"))
-    assert params[1].grad is views[1] and torch.equal(views[1], torch.full_like(params[1], 7.0))
+    buckets.seal(stats.sums, world=2, overlap=False)
+    stats.load(buckets.finish(world=2, device=torch.device("cpu")))
+    assert params[1].grad is views[params[1]]
+    assert torch.equal(views[params[1]], torch.full_like(params[1], 7.0))
     assert stats.samples == 2 and stats.index_sum == 3
     buckets.zero(world=2)
-    assert all(not v.any() for v in views)
+    assert all(not v.any() for v in views.values())
 
 
 def test_alone_the_gradients_are_backwards_own_tensors() -> None:
     model, opt = _model_and_opt()
-    buckets = GradientBuckets(list(model.parameters()), opt, n_metrics=0)
+    buckets = GradientBuckets(list(model.parameters()), opt, len(StepStats(0)))
     buckets.zero(world=1)
     assert all(p.grad is None for p in model.parameters())
-    buckets.all_reduce(StepStats(0), world=1, device=torch.device("cpu"))
+    buckets.seal(StepStats(0).sums, world=1, overlap=True)
+    buckets.finish(world=1, device=torch.device("cpu"))
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
 
 
