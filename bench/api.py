@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import processes  # noqa: E402
+
 N_JOBS = 10_000
 N_USERS = 10
 ALLOCATIONS_PER_JOB = 3
@@ -183,7 +185,8 @@ def main() -> int:
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
-
+    # On SIGTERM / SIGINT the finally below still drops the throwaway database.
+    processes.install()
     url, cleanup = _use_throwaway_database(args.postgres)
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")

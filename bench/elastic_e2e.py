@@ -46,6 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import processes  # noqa: E402
 from bench.runtime import _pct, _wait  # noqa: E402
 
 SLOTS_PER_HOST, HOSTS = 2, 2
@@ -118,7 +119,11 @@ class Bench:
         return job_submit(
             user=self.records["owner"], model=self.records["model"],
             instance_group=self.records["instance_group"], max_workers=HOSTS * SLOTS_PER_HOST,
-            name=name, env_vars={"BENCH_SAMPLES": "65536", "BENCH_EPOCHS": "1000",
+            # The agent builds a job's environment from nothing: the run's mark goes in its
+            # variables, so an interrupted bench finds a job started cold even once its agent
+            # is gone (a warm fork keeps its parent's environment; the agent's tree finds it).
+            name=name, env_vars={**processes.mark_env(),
+                                 "BENCH_SAMPLES": "65536", "BENCH_EPOCHS": "1000",
                                  "BENCH_ENGINES": str(HOSTS * SLOTS_PER_HOST),
                                  "EDT_STEP_LOG": str(self.tmp / f"{name}.steps.jsonl")})
 
@@ -390,6 +395,7 @@ def main() -> None:
     parser.add_argument("--no-kills", action="store_true")
     args = parser.parse_args()
     cycles, repeat, kills = (3, 2, 5) if args.quick else (args.cycles, 5, 20)
+    processes.install()
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import processes  # noqa: E402
 from bench.runtime import BATCH, _env, _pct, _steps, _wait  # noqa: E402
 
 RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
@@ -99,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     args = parser.parse_args()
+    processes.install()
     tmp = Path(tempfile.mkdtemp(prefix="bench-kills-"))
     quiet, iteration_s = run_kills(tmp / "quiet", args.kills, loaded=False)
     loaded, _ = run_kills(tmp / "loaded", args.kills, loaded=True)

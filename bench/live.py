@@ -9,8 +9,12 @@ metric, at a steady rate. Each client records ``arrival - ts`` for every event; 
 is measured: stream read, database write (metric rows, log file), Channels group send, daphne,
 the socket.
 
-Run: .venv/bin/python bench/live.py [--clients 50] [--events 200] [--rate 50]
-(prints a table; the last line is one JSON object with ws_p50_ms and ws_p95_ms)
+Then it measures the job page in Chromium (``bench/job_page.py``): the long tasks of the page
+of a 10,000-step job while live events arrive (``--no-job-page`` leaves this out).
+
+Run: .venv/bin/python bench/live.py [--clients 50] [--events 200] [--rate 50] [--no-job-page]
+(prints tables; the last line is one JSON object with ws_p50_ms and ws_p95_ms, and
+job_page_longest_task_ms and job_page_long_tasks_total_ms)
 """
 
 from __future__ import annotations
@@ -155,9 +159,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--rate", type=float, default=50, help="events per second")
+    parser.add_argument("--no-job-page", action="store_true",
+                        help="leave out the job page's long tasks in Chromium")
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
+    from bench import processes
+
+    processes.install()  # daphne and run_events end with the bench, even on a signal
     tag = uuid.uuid4().hex[:10]
     root = Path(tempfile.mkdtemp(prefix="edt-bench-live-"))
     env = prepare(root, tag)
@@ -165,6 +174,9 @@ def main() -> None:
     subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     job_id, session = make_job()
+    from bench import job_page
+
+    page_job = None if args.no_job_page else job_page.seed_job(username="bench")
     port = free_port()
     logs = [(root / name).open("w") for name in ("daphne.log", "run_events.log")]
     procs = [
@@ -187,6 +199,9 @@ def main() -> None:
         latencies = asyncio.run(
             run_clients(args, port, job_id, session, env["EDT_EVENTS_STREAM"])
         )
+        page = {} if page_job is None else job_page.measure(
+            base_url=f"http://127.0.0.1:{port}", session=session, job_id=page_job,
+            stream=env["EDT_EVENTS_STREAM"])
     finally:
         for proc in procs:
             proc.terminate()
@@ -214,11 +229,26 @@ def main() -> None:
         "delivered": len(latencies),
         "expected": expected,
     }
+    report(args, latencies, {**result, **page})
+
+
+def report(args: argparse.Namespace, latencies: list[float], result: dict) -> None:
+    """The tables, then the whole result as one JSON line."""
+    expected = args.clients * args.events
     print(f"{'clients':>8} {'events':>7} {'rate/s':>7} {'delivered':>10} "
           f"{'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'max ms':>7}")
     print(f"{args.clients:>8} {args.events:>7} {args.rate:>7g} {len(latencies):>6}/{expected:<4}"
           f"{result['ws_p50_ms']:>7} {result['ws_p95_ms']:>7} {result['ws_p99_ms']:>7} "
           f"{result['ws_max_ms']:>7}")
+    if result.get("job_page_longest_task_ms") is not None:
+        print(f"{'job page':>10} {'steps':>7} {'load s':>7} {'load max ms':>12} "
+              f"{'live steps':>11} {'long tasks':>11} {'max ms':>7} {'total ms':>9}")
+        print(f"{'':>10} {result['job_page_steps']:>7} {result['job_page_load_s']:>7} "
+              f"{result['job_page_load_longest_task_ms']:>12} {result['job_page_live_steps']:>11} "
+              f"{result['job_page_long_tasks']:>11} {result['job_page_longest_task_ms']:>7} "
+              f"{result['job_page_long_tasks_total_ms']:>9}")
+    elif "job_page_skipped" in result:
+        print(f"job page not measured: {result['job_page_skipped']}")
     print(json.dumps(result))
 
 

@@ -57,6 +57,7 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import processes  # noqa: E402
 from bench.runtime import (  # noqa: E402
     BATCH,
     _descendants,
@@ -542,6 +543,7 @@ def main() -> None:
         return as_torchrun()
     if args.role == "torchft":
         return as_torchft()
+    processes.install()
     repeat = args.repeat or (2 if args.quick else 5)
     t0 = time.monotonic()
     result = measure_peers(repeat, lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -1,10 +1,12 @@
-"""Benchmark of the elastic runtime (issue 4).
+"""Benchmark of the elastic runtime (issues 4 and 17).
 
 (a) steady-state samples/s of FabricModel at 1, 2 and 4 workers against a hand-written
-    DistributedDataParallel loop (``init_method='env://'``), same model, data, batch per
-    worker and number of processes (best of 4 alternating rounds with --quick, 6 without),
-    and the CPU seconds per step of all the job's processes (driver included), which
-    shows each side's own cost even when other programs load the machine;
+    DistributedDataParallel loop (``init_method='env://'``), on three models of
+    ``bench/models.py`` (the MLP, a CIFAR ResNet-18, a small transformer encoder): same model,
+    data, micro-batch per worker (so the same global batch), number of processes and steps,
+    the first steps left out as warm-up (best of 6 alternating rounds; with --quick 4 for the
+    MLP, 2 for the others); and the CPU seconds per step of all the job's processes (driver
+    included), which shows each side's own cost even when other programs load the machine;
 (b) rescale latency over 20 changes (10 joins, 10 leaves between 2 and 3 workers): for a
     leave, from ``request_leave`` to the start of the first step at the new size; for a
     join, from the moment the new worker has registered with the driver (its process is
@@ -12,9 +14,11 @@
 (c) torchrun (``--nnodes=1:4 --max-restarts=3``, c10d rendezvous, default timeouts): time
     from one of two nodes being killed to the first step of the restarted job.
 
-Usage: ``.venv/bin/python bench/runtime.py [--quick]``. Prints a table, then as its last
-line one JSON object. This file is also the user script of the runs (``--as fabric`` or
-``--as ddp``), so both sides train exactly the same model on exactly the same data.
+Usage: ``.venv/bin/python bench/runtime.py [--quick] [--models mlp,resnet,transformer]
+[--workers 1,2,4] [--rounds N] [--parts throughput,rescale,torchrun]``. Prints a table, then
+as its last line one JSON object. This file is also the user script of the runs (``--as
+fabric`` or ``--as ddp``), so both sides train exactly the same model on exactly the same data.
+Every process it starts ends with it, on a signal too (``bench/processes.py``).
 """
 
 from __future__ import annotations
@@ -31,41 +35,57 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-FEATURES, HIDDEN, CLASSES = 256, 1024, 10
-BATCH = 64  # per worker
+from bench import processes  # noqa: E402
+
+BATCH = 64  # per worker, the MLP's (the other models' are in WORKLOADS)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one throughput comparison trains: the model (``bench/models.py``), its width, the
+    micro-batch per worker (the same on both sides, so the same global batch), the steps of
+    one run, the first steps left out as warm-up, and the alternating rounds (best kept)."""
+
+    model: str
+    batch: int
+    steps: int
+    warmup: int
+    width: int | None = None
+    rounds: int = 6
+
+
+# (quick, full). The quick ResNet-18 is 16 channels wide instead of 64 (91 ms instead of 1.1 s
+# a step on one core here): the same layers, a quarter of the channels. The quick runs of the
+# two bigger models take 2 rounds, so that --quick with all three stays near 10 minutes.
+WORKLOADS = {
+    "mlp": (Workload("mlp", BATCH, 40, 5, rounds=4), Workload("mlp", BATCH, 150, 5)),
+    "resnet": (Workload("resnet", 32, 12, 3, 16, rounds=2), Workload("resnet", 32, 40, 5, 64)),
+    "transformer": (Workload("transformer", 32, 20, 3, 128, rounds=2),
+                    Workload("transformer", 32, 80, 5, 128)),
+}
 
 
 # -- the user script side ----------------------------------------------------------------
-def _model_and_data(samples: int):
+def _model_and_data(samples: int, name: str = "mlp", width: int | None = None):
     import torch
-    from torch import nn
-    from torch.utils.data import Dataset
+
+    from bench import models
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
+    return models.build(name, samples, width)
 
-    class Synthetic(Dataset):
-        def __init__(self, n: int) -> None:
-            g = torch.Generator().manual_seed(1)
-            self.x = torch.randn(n, FEATURES, generator=g)
-            self.y = torch.randint(0, CLASSES, (n,), generator=g)
 
-        def __len__(self) -> int:
-            return len(self.x)
-
-        def __getitem__(self, i: int):
-            return self.x[i], self.y[i]
-
-    model = nn.Sequential(
-        nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-        nn.Linear(HIDDEN, CLASSES),
-    )
-    return model, Synthetic(samples)
+def _workload_env() -> tuple[str, int | None, int]:
+    """The model, width and batch per worker a run of this script trains (default: the MLP)."""
+    width = os.environ.get("BENCH_WIDTH")
+    return (os.environ.get("BENCH_MODEL", "mlp"), int(width) if width else None,
+            int(os.environ.get("BENCH_BATCH", BATCH)))
 
 
 def as_fabric() -> None:
@@ -74,10 +94,14 @@ def as_fabric() -> None:
 
     from runtime import FabricModel
 
-    model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]))
+    name, width, batch = _workload_env()
+    model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    fm = FabricModel(model, lambda: (data, None), F.cross_entropy, optimizer)
-    fm.train(int(os.environ["BENCH_EPOCHS"]), BATCH, int(os.environ["BENCH_ENGINES"]),
+    # Mixed precision ("16-mixed", "bf16-mixed") only when asked (bench/gpu.py's AMP runs).
+    precision = {"precision": os.environ["BENCH_PRECISION"]} if os.environ.get(
+        "BENCH_PRECISION") else {}
+    fm = FabricModel(model, lambda: (data, None), F.cross_entropy, optimizer, **precision)
+    fm.train(int(os.environ["BENCH_EPOCHS"]), batch, int(os.environ["BENCH_ENGINES"]),
              num_dataloader_threads=1, validation_freq=0, checkpoint_freq=0)
 
 
@@ -90,11 +114,12 @@ def as_ddp() -> None:
 
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]))
+    name, width, batch = _workload_env()
+    model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=0)
+    loader = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=0)
     log = os.environ.get("EDT_STEP_LOG")
     step = 0
     for epoch in range(int(os.environ["BENCH_EPOCHS"])):
@@ -123,7 +148,9 @@ def _free_port() -> int:
 def _steps(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # Only whole lines: the job may be writing the last one as it is read.
+    return [json.loads(line) for line in path.read_text().splitlines(keepends=True)
+            if line.endswith("\n") and line.strip()]
 
 
 def _wait(pred, what: str, timeout: float = 180.0):
@@ -192,46 +219,56 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 WARMUP = 5
+MLP = WORKLOADS["mlp"][1]  # the rescale and torchrun parts train the full MLP
 
 
-def run_fabric(tmp: Path, workers: int, steps: int) -> tuple[float, float, float | None]:
+def _workload_vars(w: Workload, workers: int) -> dict[str, str]:
+    """One epoch of exactly ``w.steps`` steps at ``workers`` x ``w.batch`` samples each."""
+    out = {"BENCH_MODEL": w.model, "BENCH_BATCH": str(w.batch),
+           "BENCH_SAMPLES": str(w.steps * w.batch * workers), "BENCH_EPOCHS": "1"}
+    if w.width:
+        out["BENCH_WIDTH"] = str(w.width)
+    return out
+
+
+def run_fabric(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, float | None]:
     """(samples/s, median iteration s, CPU s per step of the driver and all workers)."""
     from runtime.launcher import LocalJob
 
     tmp.mkdir(parents=True)
-    env = _env(tmp, BENCH_SAMPLES=str(steps * BATCH * workers), BENCH_EPOCHS="1",
-               BENCH_ENGINES=str(workers), EDT_MIN_WORKERS=str(workers),
-               EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp))
+    env = _env(tmp, **_workload_vars(w, workers), BENCH_ENGINES=str(workers),
+               EDT_MIN_WORKERS=str(workers), EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp))
     with LocalJob(__file__, env=env, args=["--as", "fabric"]) as job:
         job.start_driver()
         for i in range(workers):
             job.add_worker(f"w{i}")
         pids = [job.driver.pid, *(p.pid for p in job.workers.values())]
-        cpu = _CpuWindow(pids, tmp / "steps.jsonl", WARMUP, steps - 2)
+        cpu = _CpuWindow(pids, tmp / "steps.jsonl", w.warmup, w.steps - 2)
         cpu.start()
-        if job.wait(600) != 0:
+        if job.wait(1800) != 0:
             raise RuntimeError(f"fabric run failed; see {tmp}/log")
     cpu.join(1)
-    return (*_throughput(_steps(tmp / "steps.jsonl"), warmup=WARMUP), cpu.per_step)
+    return (*_throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
 
 
-def run_ddp(tmp: Path, workers: int, steps: int) -> tuple[float, float, float | None]:
+def run_ddp(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, float | None]:
     """(samples/s, median iteration s, CPU s per step of all processes)."""
     tmp.mkdir(parents=True)
     port = str(_free_port())
     procs = []
     for rank in range(workers):
-        env = _env(tmp, BENCH_SAMPLES=str(steps * BATCH * workers), BENCH_EPOCHS="1",
-                   RANK=str(rank), WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, __file__, "--as", "ddp"], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    cpu = _CpuWindow([p.pid for p in procs], tmp / "steps.jsonl", WARMUP, steps - 2)
+        env = _env(tmp, **_workload_vars(w, workers), RANK=str(rank), WORLD_SIZE=str(workers),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        with (tmp / f"rank{rank}.log").open("w") as log:
+            procs.append(subprocess.Popen([sys.executable, __file__, "--as", "ddp"], env=env,
+                                          stdout=log, stderr=subprocess.STDOUT))
+    cpu = _CpuWindow([p.pid for p in procs], tmp / "steps.jsonl", w.warmup, w.steps - 2)
     cpu.start()
-    if any(p.wait(600) != 0 for p in procs):
-        raise RuntimeError("ddp run failed")
+    if any(p.wait(1800) != 0 for p in procs):
+        tail = (tmp / "rank0.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"ddp run failed; rank 0 said:\n{tail}")
     cpu.join(1)
-    return (*_throughput(_steps(tmp / "steps.jsonl"), warmup=WARMUP), cpu.per_step)
+    return (*_throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
 
 
 def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], float]:
@@ -367,42 +404,59 @@ def _pct(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps (a few minutes)")
-    parser.add_argument("--as", dest="role", choices=["fabric", "ddp"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.role == "fabric":
-        return as_fabric()
-    if args.role == "ddp":
-        return as_ddp()
-    steps = 40 if args.quick else 150
-    rounds = 4 if args.quick else 6
-    tmp = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
-    rows, result = [], {}
-    for workers in (1, 2, 4):
-        # Alternate the two sides and keep each one's best round: a shared machine's load
-        # comes and goes (on 2 busy cores a run is often ~2x slower for its whole length),
-        # and the best round is the least disturbed one. CPU per step is the median over
-        # the rounds; it barely depends on that load.
-        best: dict[str, tuple[float, float]] = {"fabric": (0.0, 0.0), "ddp": (0.0, 0.0)}
-        cpus: dict[str, list[float]] = {"fabric": [], "ddp": []}
-        for r in range(rounds):
-            for side, fn in (("fabric", run_fabric), ("ddp", run_ddp)):
-                sps, it, cpu = fn(tmp / f"{side}{workers}-{r}", workers, steps)
-                best[side] = max(best[side], (sps, it))
-                if cpu is not None:
-                    cpus[side].append(cpu)
-        (fab, fab_it), (ddp, ddp_it) = best["fabric"], best["ddp"]
-        fab_cpu = statistics.median(cpus["fabric"]) if cpus["fabric"] else float("nan")
-        ddp_cpu = statistics.median(cpus["ddp"]) if cpus["ddp"] else float("nan")
-        result[f"overhead_ratio_{workers}"] = round(fab / ddp, 3)
-        result[f"cpu_ratio_{workers}"] = round(ddp_cpu / fab_cpu, 3)
-        rows.append((f"throughput {workers} worker(s)", f"FabricModel {fab:,.0f} samples/s "
-                     f"({fab_it * 1000:.1f} ms/it, CPU {fab_cpu * 1000:.1f} ms/step)",
-                     f"DDP {ddp:,.0f} samples/s ({ddp_it * 1000:.1f} ms/it, CPU "
-                     f"{ddp_cpu * 1000:.1f} ms/step)", f"ratio {fab / ddp:.3f}",
-                     f"CPU ratio {ddp_cpu / fab_cpu:.3f}"))
+def _once_more_on_failure(fn, tmp: Path, workers: int, w: Workload):
+    """A run, and a second try if it fails: its free port can be taken by another process
+    before its first rank binds it, which says nothing about either side's speed."""
+    try:
+        return fn(tmp, workers, w)
+    except RuntimeError as exc:
+        print(f"{tmp.name} failed, run again: {exc}", file=sys.stderr, flush=True)
+        return fn(tmp.with_name(tmp.name + "-again"), workers, w)
+
+
+def compare(tmp: Path, w: Workload, workers: int, rounds: int) -> dict[str, float]:
+    """FabricModel against DDP on one workload at ``workers``: each side's best samples/s
+    (and its median iteration) over ``rounds`` alternating rounds, and its median CPU s per
+    step. Alternating and keeping the best round: a shared machine's load comes and goes (on
+    2 busy cores a run is often ~2x slower for its whole length), and the best round is the
+    least disturbed one; CPU per step barely depends on that load."""
+    best = {"fabric": (0.0, 0.0), "ddp": (0.0, 0.0)}
+    cpus: dict[str, list[float]] = {"fabric": [], "ddp": []}
+    for r in range(rounds):
+        for side, fn in (("fabric", run_fabric), ("ddp", run_ddp)):
+            sps, it, cpu = _once_more_on_failure(
+                fn, tmp / f"{w.model}-{side}{workers}-{r}", workers, w)
+            best[side] = max(best[side], (sps, it))
+            if cpu is not None:
+                cpus[side].append(cpu)
+    out = {}
+    for side in ("fabric", "ddp"):
+        out[side], out[f"{side}_it"] = best[side]
+        out[f"{side}_cpu"] = statistics.median(cpus[side]) if cpus[side] else float("nan")
+    return out
+
+
+def throughput_part(tmp: Path, names: list[str], sizes: list[int], rounds: int | None,
+                    quick: bool, rows: list[tuple[str, ...]], result: dict) -> None:
+    for name in names:
+        w = WORKLOADS[name][0 if quick else 1]
+        for workers in sizes:
+            c = compare(tmp, w, workers, rounds or w.rounds)
+            ratio, cpu_ratio = c["fabric"] / c["ddp"], c["ddp_cpu"] / c["fabric_cpu"]
+            result[f"overhead_ratio_{name}_{workers}"] = round(ratio, 3)
+            result[f"cpu_ratio_{name}_{workers}"] = round(cpu_ratio, 3)
+            if name == "mlp":  # the keys of every earlier run, kept
+                result[f"overhead_ratio_{workers}"] = round(ratio, 3)
+                result[f"cpu_ratio_{workers}"] = round(cpu_ratio, 3)
+            rows.append((f"{name} {workers} worker(s), best of {rounds or w.rounds}",
+                         f"FabricModel {c['fabric']:,.0f} samples/s ({c['fabric_it'] * 1000:.1f}"
+                         f" ms/it, CPU {c['fabric_cpu'] * 1000:.1f} ms/step)",
+                         f"DDP {c['ddp']:,.0f} samples/s ({c['ddp_it'] * 1000:.1f} ms/it, CPU "
+                         f"{c['ddp_cpu'] * 1000:.1f} ms/step)", f"ratio {ratio:.3f}",
+                         f"CPU ratio {cpu_ratio:.3f}"))
+
+
+def rescale_part(tmp: Path, rows: list[tuple[str, ...]], result: dict) -> None:
     joins, leaves, iteration_s = run_rescale(tmp / "rescale", 20)
     both = joins + leaves
     p50, p95 = _pct(both, 0.5), _pct(both, 0.95)
@@ -412,21 +466,64 @@ def main() -> None:
                  f"p95 {_pct(joins, 0.95):.3f} s", ""))
     rows.append(("  leaves (10)", f"p50 {_pct(leaves, 0.5):.3f} s",
                  f"p95 {_pct(leaves, 0.95):.3f} s", ""))
+    result.update(iteration_s=round(iteration_s, 4), rescale_p50_s=round(p50, 4),
+                  rescale_p95_s=round(p95, 4),
+                  rescale_p95_minus_iteration_s=round(p95 - iteration_s, 4))
+
+
+def torchrun_part(tmp: Path, rows: list[tuple[str, ...]], result: dict) -> None:
     restart = run_torchrun(tmp / "torchrun")
     rows.append(("torchrun restart after a node leaves", f"{restart:.2f} s", "", ""))
-    result.update(
-        iteration_s=round(iteration_s, 4),
-        rescale_p50_s=round(p50, 4),
-        rescale_p95_s=round(p95, 4),
-        rescale_p95_minus_iteration_s=round(p95 - iteration_s, 4),
-        torchrun_restart_s=round(restart, 3),
-        rescale_vs_torchrun=round(restart / p95, 1),
-    )
-    width = max(len(r[0]) for r in rows)
+    result["torchrun_restart_s"] = round(restart, 3)
+    if "rescale_p95_s" in result:
+        result["rescale_vs_torchrun"] = round(restart / result["rescale_p95_s"], 1)
+
+
+def _names(text: str, allowed: tuple[str, ...]) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(allowed))
+    if unknown:
+        raise SystemExit(f"unknown: {', '.join(unknown)} (choose from {', '.join(allowed)})")
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps (a few minutes)")
+    parser.add_argument("--models", default="mlp,resnet,transformer",
+                        help="throughput models, comma-separated (mlp, resnet, transformer)")
+    parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
+    parser.add_argument("--rounds", type=int,
+                        help="alternating rounds (default 6; with --quick 4 for the MLP, 2 for "
+                             "the others)")
+    parser.add_argument("--parts", default="throughput,rescale,torchrun",
+                        help="what to measure, comma-separated")
+    parser.add_argument("--as", dest="role", choices=["fabric", "ddp"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "fabric":
+        return as_fabric()
+    if args.role == "ddp":
+        return as_ddp()
+    processes.install()
+    parts = _names(args.parts, ("throughput", "rescale", "torchrun"))
+    names = _names(args.models, tuple(WORKLOADS))
+    sizes = [int(n) for n in args.workers.split(",") if n.strip()]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
+    rows: list[tuple[str, ...]] = []
+    result: dict = {}
+    try:
+        if "throughput" in parts:
+            throughput_part(tmp, names, sizes, args.rounds, args.quick, rows, result)
+        if "rescale" in parts:
+            rescale_part(tmp, rows, result)
+        if "torchrun" in parts:
+            torchrun_part(tmp, rows, result)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    width = max((len(r[0]) for r in rows), default=0)
     print(f"runtime benchmark ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, gloo)")
     for r in rows:
         print(f"{r[0]:<{width}}  " + "  ".join(c for c in r[1:] if c))
-    shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(result))
 
 

@@ -1,0 +1,370 @@
+"""Benchmark of the runtime on a GPU (issue 17): one script anyone with an NVIDIA GPU reruns.
+
+1. **discovery**: the GPUs NVML sees, as the host agent reports them (``resources.discovery``:
+   UUID, name, memory, utilisation);
+2. **throughput**: a job training through the runtime (``FabricModel`` under its driver, one
+   worker, nccl on CUDA, gloo on CPU; launched like ``bench/runtime.py``'s runs) against a
+   plain single-device PyTorch loop, on the ResNet-18 and the transformer of
+   ``bench/models.py``: same model, data, batch, steps; warm-up left out; best of alternating
+   rounds. Target: FabricModel / plain >= 0.97;
+3. **AMP**: the plain loop with automatic mixed precision (float16 autocast with a GradScaler
+   on CUDA, bfloat16 autocast on CPU) against float32: samples/s and a finite loss;
+4. **memory**: NVML's used memory before the job, while its worker trains, and after the
+   worker has left (its process exited): it must be back at the baseline (CUDA only);
+5. **checkpoint**: the runtime's training state (model, optimizer, GradScaler) of a model on
+   the device is saved as a checkpoint (``runtime.checkpoint``), loaded into fresh objects on
+   the device, compared tensor by tensor, and both copies then take the same step.
+
+Run: ``.venv/bin/python bench/gpu.py [--device auto|cuda|cpu] [--quick]
+[--models resnet,transformer] [--rounds N]``. On a machine without a GPU (or with
+``--device cpu``) the NVML parts say "no GPU" and are skipped; the rest runs on the CPU.
+Prints a table; the last line is one JSON object. This file is also the plain loop's script
+(``--as plain``). Every process it starts ends with it (``bench/processes.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import processes  # noqa: E402
+from bench.runtime import (  # noqa: E402
+    Workload,
+    _env,
+    _steps,
+    _throughput,
+    _wait,
+    _workload_vars,
+)
+
+RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
+TARGET_RATIO = 0.97
+# (quick, full) per device. On a GPU the real ResNet-18 and a 4-layer-deep-enough encoder at
+# batches that keep it busy; on a CPU the narrow ResNet and short runs of bench/runtime.py.
+WORKLOADS = {
+    "cuda": {"resnet": (Workload("resnet", 128, 60, 10, 64), Workload("resnet", 128, 200, 20, 64)),
+             "transformer": (Workload("transformer", 64, 60, 10, 256),
+                             Workload("transformer", 64, 200, 20, 256))},
+    "cpu": {"resnet": (Workload("resnet", 16, 8, 2, 16), Workload("resnet", 32, 20, 3, 16)),
+            "transformer": (Workload("transformer", 16, 10, 2, 128),
+                            Workload("transformer", 32, 30, 3, 128))},
+}
+
+
+# -- the plain loop (the training script side) ----------------------------------------------
+def _amp(device: Any) -> tuple[Any, Any]:
+    """The autocast dtype and GradScaler of this device: float16 with a scaler on CUDA (it
+    underflows without one), bfloat16 on CPU (float32's range: no scaler needed)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.float16, torch.amp.GradScaler("cuda")
+    return torch.bfloat16, None
+
+
+def as_plain() -> None:
+    """One process, one device, the loop a user writes without any framework."""
+    import torch
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader
+
+    from bench.runtime import _model_and_data, _workload_env
+
+    name, width, batch = _workload_env()
+    device = torch.device(os.environ["BENCH_DEVICE"])
+    model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
+    model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    amp = os.environ.get("BENCH_AMP") == "1"
+    dtype, scaler = _amp(device) if amp else (torch.float32, None)
+    loader = DataLoader(data, batch_size=batch, shuffle=True, num_workers=0,
+                        generator=torch.Generator().manual_seed(0))
+    with open(os.environ["EDT_STEP_LOG"], "a", buffering=1) as log:
+        for step, (x, y) in enumerate(loader, 1):
+            t0 = time.time()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            optimizer.zero_grad()
+            with torch.autocast(device.type, dtype=dtype, enabled=amp):
+                loss = F.cross_entropy(model(x), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            # A real loop reads its loss; it is also where the host waits for the device, so
+            # the step's end time is the device's, as in the runtime's step log.
+            value = loss.item()
+            log.write(json.dumps({"size": 1, "samples": len(x), "ts_start": t0,
+                                  "ts": time.time(), "global_step": step, "loss": value}) + "\n")
+
+
+# -- the harness side ---------------------------------------------------------------------
+def _device_env(device: str) -> dict[str, str]:
+    # A CPU run on a machine with a GPU must not touch it: the runtime picks CUDA when it sees
+    # one. On CUDA the runtime's own default (nccl) is named, so the table says what ran.
+    if device == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": "", "EDT_BACKEND": "gloo"}
+    return {"EDT_BACKEND": "nccl"}
+
+
+def run_plain(tmp: Path, w: Workload, device: str, amp: bool = False) -> tuple[float, float, float]:
+    """(samples/s, median iteration s, last loss) of the plain loop."""
+    tmp.mkdir(parents=True)
+    env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
+               BENCH_AMP="1" if amp else "0")
+    with (tmp / "plain.log").open("wb") as out:
+        rc = subprocess.run([sys.executable, __file__, "--as", "plain"], env=env, stdout=out,
+                            stderr=subprocess.STDOUT, timeout=1800).returncode
+    if rc != 0:
+        raise RuntimeError(f"the plain loop failed; see {tmp / 'plain.log'}")
+    rows = _steps(tmp / "steps.jsonl")
+    return (*_throughput(rows, warmup=w.warmup), rows[-1]["loss"])
+
+
+def _fabric_has_precision() -> bool:
+    """Whether this runtime's FabricModel takes ``precision=`` (issue 17 adds it): without
+    it the FabricModel side of the AMP comparison is reported as not measured."""
+    import inspect
+
+    from runtime import FabricModel
+
+    return "precision" in inspect.signature(FabricModel.__init__).parameters
+
+
+def _precision(device: str) -> str:
+    """FabricModel's name for the AMP of ``_amp``: float16 with a scaler, or bfloat16."""
+    return "16-mixed" if device == "cuda" else "bf16-mixed"
+
+
+def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False) -> tuple[float, float]:
+    """(samples/s, median iteration s) of a job of one worker under its driver."""
+    from runtime.launcher import LocalJob
+
+    tmp.mkdir(parents=True)
+    env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
+               EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
+               BENCH_PRECISION=_precision(device) if amp else "")
+    with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        if job.wait(1800) != 0:
+            raise RuntimeError(f"the FabricModel job failed; see {tmp}/log")
+    return _throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup)
+
+
+def throughput_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[str, Any]:
+    """Best of ``rounds`` alternating rounds on each side, in float32 and with AMP."""
+    fabric, plain = (0.0, 0.0), (0.0, 0.0, 0.0)
+    fabric_amp, plain_amp = (0.0, 0.0), (0.0, 0.0, 0.0)
+    for r in range(rounds):
+        fabric = max(fabric, run_fabric(tmp / f"{w.model}-fabric-{r}", w, device))
+        plain = max(plain, run_plain(tmp / f"{w.model}-plain-{r}", w, device))
+        plain_amp = max(plain_amp, run_plain(tmp / f"{w.model}-amp-{r}", w, device, amp=True))
+        if _fabric_has_precision():
+            fabric_amp = max(fabric_amp, run_fabric(tmp / f"{w.model}-fabric-amp-{r}", w,
+                                                    device, amp=True))
+    return {"fabric": fabric[0], "fabric_it": fabric[1], "plain": plain[0],
+            "plain_it": plain[1], "amp": plain_amp[0], "amp_loss": plain_amp[2],
+            "fabric_amp": fabric_amp[0] or None}
+
+
+def discovery_part() -> list[dict[str, Any]]:
+    from resources.discovery import discover
+
+    return [gpu.as_dict() for gpu in discover()]
+
+
+def _used_mb() -> int:
+    """NVML's used memory over every GPU, in MiB."""
+    return sum(gpu["memory_used_mb"] for gpu in discovery_part())
+
+
+def memory_part(tmp: Path, w: Workload) -> dict[str, Any]:
+    """NVML used memory before, during and after a worker's life on the GPU."""
+    from runtime.launcher import LocalJob
+
+    tmp.mkdir(parents=True)
+    # Within 16 MiB of it counts as back at the baseline (NVML rounds, other processes move).
+    baseline = _used_mb()
+    env = _env(tmp, **_workload_vars(w, 1), **_device_env("cuda"), BENCH_EPOCHS="1000",
+               BENCH_ENGINES="1", EDT_MIN_WORKERS="1", RESULT_DIR=str(tmp))
+    with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
+        job.start_driver()
+        job.add_worker("w0")
+        _wait(lambda: len(_steps(tmp / "steps.jsonl")) >= w.warmup, "the worker's steps", 600)
+        training = _used_mb()
+        job.stop()
+        job.wait(120)
+    left = time.monotonic()
+    # The worker's process has exited; the NVIDIA driver frees what it held, and NVML shows
+    # that a moment later: look for up to 30 s.
+    after = _used_mb()
+    while after > baseline + 16 and time.monotonic() - left < 30:
+        time.sleep(0.1)
+        after = _used_mb()
+    return {"gpu_memory_baseline_mb": baseline, "gpu_memory_training_mb": training,
+            "gpu_memory_after_mb": after, "gpu_memory_released": after <= baseline + 16,
+            "gpu_memory_release_s": round(time.monotonic() - left, 3)}
+
+
+def _states_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a.cpu(), b.cpu())
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_states_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_states_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _trained(w: Workload, device: Any, steps: int) -> tuple[Any, Any, Any, Any]:
+    """A model, optimizer and scaler on ``device`` after ``steps`` AMP steps, and a batch."""
+    import torch
+    from torch.nn import functional as F
+
+    from bench.runtime import _model_and_data
+
+    model, data = _model_and_data(w.batch * 4, w.model, w.width)
+    model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    dtype, scaler = _amp(device)
+    x = torch.stack([data[i][0] for i in range(w.batch)]).to(device)
+    y = torch.stack([data[i][1] for i in range(w.batch)]).to(device)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        with torch.autocast(device.type, dtype=dtype):
+            loss = F.cross_entropy(model(x), y)
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+    return model, optimizer, scaler, (x, y)
+
+
+def checkpoint_part(tmp: Path, w: Workload, device_name: str) -> dict[str, Any]:
+    """Save the runtime's state of a model trained on the device, load it into fresh objects
+    on the device, compare every tensor, then take the same step with both copies."""
+    import torch
+
+    from runtime.checkpoint import ResultWriter, load_latest
+    from runtime.state import TrainingState
+
+    device = torch.device(device_name)
+    model, optimizer, scaler, (x, y) = _trained(w, device, 3)
+    extras = {"scaler": scaler} if scaler else {}
+    saved = TrainingState(model, optimizer, extras)
+    ResultWriter(str(tmp), str(tmp / "checkpoint")).save_checkpoint(saved.blob())
+    fresh, fresh_opt, fresh_scaler, _ = _trained(w, device, 0)
+    resumed = TrainingState(fresh, fresh_opt, {"scaler": fresh_scaler} if fresh_scaler else {})
+    resumed.load(load_latest(str(tmp / "checkpoint")))
+    equal = (_states_equal(model.state_dict(), fresh.state_dict())
+             and _states_equal(optimizer.state_dict(), fresh_opt.state_dict())
+             and (not scaler or scaler.state_dict() == fresh_scaler.state_dict()))
+    on_device = all(p.device.type == device.type for p in fresh.parameters())
+    model.eval()
+    fresh.eval()
+    with torch.no_grad():
+        diff = (model(x).float() - fresh(x).float()).abs().max().item()
+    return {"checkpoint_resume_equal": bool(equal and on_device),
+            "checkpoint_output_max_abs_diff": diff}
+
+
+def _summary(device: str, gpus: list, per_model: dict, memory: dict, ckpt: dict) -> dict:
+    result: dict[str, Any] = {"device": device, "gpus": gpus,
+                              "gpu": gpus[0]["model"] if gpus else "no GPU",
+                              "target_ratio": TARGET_RATIO}
+    for name, c in per_model.items():
+        result[f"fabric_vs_plain_{name}"] = round(c["fabric"] / c["plain"], 3)
+        result[f"fabric_samples_per_s_{name}"] = round(c["fabric"], 1)
+        result[f"plain_samples_per_s_{name}"] = round(c["plain"], 1)
+        result[f"amp_vs_fp32_{name}"] = round(c["amp"] / c["plain"], 3)
+        result[f"fabric_vs_plain_amp_{name}"] = (round(c["fabric_amp"] / c["amp"], 3)
+                                                 if c["fabric_amp"] else None)
+        result[f"amp_loss_finite_{name}"] = math.isfinite(c["amp_loss"])
+    result.update(memory)
+    result.update(ckpt)
+    return result
+
+
+def _table(result: dict, per_model: dict, rounds: int) -> str:
+    lines = [f"GPU benchmark on {result['device']} ({result['gpu']}; best of {rounds} rounds)"]
+    for gpu in result["gpus"]:
+        lines.append(f"  GPU {gpu['index']} {gpu['uuid']} {gpu['model']} "
+                     f"{gpu['memory_used_mb']}/{gpu['memory_mb']} MiB used, "
+                     f"{gpu['utilization']}% busy")
+    lines.append(f"{'model':<12}{'precision':<10}{'FabricModel/s':>14}{'plain/s':>10}"
+                 f"{'ratio':>7}{'met':>5}")
+    for name, c in per_model.items():
+        for label, fab, plain in (("float32", c["fabric"], c["plain"]),
+                                  (_precision(result["device"]), c["fabric_amp"], c["amp"])):
+            ratio = fab / plain if fab else None
+            lines.append(f"{name:<12}{label:<10}{fab or 0:>14,.1f}{plain:>10,.1f}"
+                         + (f"{ratio:>7.3f}{'yes' if ratio >= TARGET_RATIO else 'NO':>5}"
+                            if ratio else "    n/a (no FabricModel precision=)"))
+        lines.append(f"{'':<12}AMP / float32 (plain loop): {result[f'amp_vs_fp32_{name}']:.3f}, "
+                     f"loss finite: {result[f'amp_loss_finite_{name}']}")
+    if "gpu_memory_released" in result:
+        lines.append(f"GPU memory: {result['gpu_memory_baseline_mb']} MiB before, "
+                     f"{result['gpu_memory_training_mb']} training, "
+                     f"{result['gpu_memory_after_mb']} after the worker left "
+                     f"({'released' if result['gpu_memory_released'] else 'NOT released'})")
+    else:
+        lines.append("GPU memory: no GPU (skipped)")
+    lines.append(f"checkpoint on {result['device']}: resumed state equal: "
+                 f"{result['checkpoint_resume_equal']}, outputs differ by at most "
+                 f"{result['checkpoint_output_max_abs_diff']:.3g}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    parser.add_argument("--quick", action="store_true", help="shorter runs, one round")
+    parser.add_argument("--models", default="resnet,transformer")
+    parser.add_argument("--rounds", type=int, help="alternating rounds (default 1 quick, 3)")
+    parser.add_argument("--as", dest="role", choices=["plain"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "plain":
+        return as_plain()
+    processes.install()
+    import torch
+
+    device = args.device if args.device != "auto" else (
+        "cuda" if torch.cuda.is_available() else "cpu")
+    names = [n for n in args.models.split(",") if n]
+    rounds = args.rounds or (1 if args.quick else 3)
+    gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+    try:
+        loads = {n: WORKLOADS[device][n][0 if args.quick else 1] for n in names}
+        per_model = {n: throughput_part(tmp, w, device, rounds) for n, w in loads.items()}
+        memory = memory_part(tmp / "memory", loads[names[0]]) if device == "cuda" else {}
+        ckpt = checkpoint_part(tmp / "checkpoint", loads[names[0]], device)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = _summary(device, gpus, per_model, memory, ckpt)
+    print(_table(result, per_model, rounds))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
