@@ -526,7 +526,10 @@ def watch_line(e: dict) -> str:
         bar = "[" + "#" * filled + "-" * (20 - filled) + f"] epoch {epoch}/{epochs}"
     else:
         bar = f"epoch {epoch}"
-    slots = ",".join(f"{s['host']}:{s['slot']}" for s in e.get("slots") or [])
+    held = e.get("slots") or {}
+    # A mapping "<host>:<slot>" -> slot; a server before that change answered a list.
+    held = held.values() if isinstance(held, dict) else held
+    slots = ",".join(f"{s['host']}:{s['slot']}" for s in held)
     metrics = e.get("lastMetrics") or {}
     loss = metrics.get("loss", metrics.get("Loss"))
     parts = [

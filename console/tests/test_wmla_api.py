@@ -381,12 +381,16 @@ def test_delete_removes_an_ended_exec_and_its_uploaded_model(
     api, owner, wmla_job, django_capture_on_commit_callbacks
 ):
     location = Path(wmla_job.model.location)
+    results = Path(wmla_job.result_dir)
+    (results / "model").mkdir(parents=True, exist_ok=True)
+    (results / "model" / "model.onnx").write_bytes(b"onnx")
     api(owner).post(f"{DL}/execs/{wmla_job.pk}/stop")
     with django_capture_on_commit_callbacks(execute=True):
         response = api(owner).delete(f"{DL}/execs/alice-{wmla_job.pk}")
     assert response.status_code == 200
     assert not TrainingJob.objects.exists() and not ModelDefinition.objects.exists()
     assert not location.exists()
+    assert not results.exists()
 
 
 # --- logs and results -------------------------------------------------------------------------
@@ -502,7 +506,7 @@ def test_detail_shows_the_slots_held_and_the_latest_metrics(api, owner, wmla_job
     JobMetric.objects.create(job=wmla_job, kind="train", epoch=1, values={"loss": 0.5})
     body = api(owner).get(f"{DL}/execs/{wmla_job.pk}").json()
     assert body["workers"] == 1
-    assert body["slots"] == [{"host": "host1", "slot": 0, "worker": "w0"}]
+    assert body["slots"] == {"host1:0": {"host": "host1", "slot": 0, "worker": "w0"}}
     assert body["lastMetrics"] == {"loss": 0.5}
     listed = api(owner).get(f"{DL}/execs").json()
     assert listed[0]["workers"] == 1 and "slots" not in listed[0]

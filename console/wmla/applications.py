@@ -43,6 +43,7 @@ SCHEDULER_LOG_TYPES = {"stdout": "stdout", "stderr": "stderr", "launcherlog": ""
 MAX_APPLICATIONS = 100  # the newest: each one walks its log folder
 APP_REF = OpenApiParameter("app_ref", str, OpenApiParameter.PATH,
                            description="App id (edt-42), driver id (submissionId) or exec id.")
+LAST_LINES = OpenApiParameter("lastlines", int, description="Only the log's last N lines.")
 
 
 def _text(text: str, *, download: str = "") -> HttpResponse:
@@ -89,6 +90,18 @@ class SchedulerApplicationsView(ApplicationView):
                          for job in queryset[:MAX_APPLICATIONS]])
 
 
+def _last_lines(text: str, request) -> str:
+    """WMLA's ``?lastlines=N`` on the scheduler's log endpoints (IBM's CPD notebook reads an
+    executor's log with ``lastlines=1000``): the last N lines, the whole log without it."""
+    raw = request.query_params.get("lastlines", "").strip()
+    if not raw:
+        return text
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValidationError({"lastlines": "lastlines must be a whole number of at least 1."})
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[-int(raw):])
+
+
 def _scheduler_stream(log_type: str) -> str:
     if log_type not in SCHEDULER_LOG_TYPES:
         raise ValidationError(
@@ -99,23 +112,23 @@ def _scheduler_stream(log_type: str) -> str:
 
 class SchedulerDriverLogView(ApplicationView):
     @doc("The driver's log (stdout, stderr, launcherlog)", response=OpenApiTypes.STR,
-         params=[APP_REF], op="wmla_scheduler_driver_log")
+         params=[APP_REF, LAST_LINES], op="wmla_scheduler_driver_log")
     def get(self, request, app_ref: str, log_type: str):
         stream = _scheduler_stream(log_type)
         job = self.get_app(app_ref)
         text = results.process_log(job.result_dir, results.DRIVER, stream) if stream else ""
-        return _text(text)
+        return _text(_last_lines(text, request))
 
 
 class SchedulerExecutorLogView(ApplicationView):
     @doc("An executor's log, by its number in task12n (from 1)", response=OpenApiTypes.STR,
-         params=[APP_REF], op="wmla_scheduler_executor_log")
+         params=[APP_REF, LAST_LINES], op="wmla_scheduler_executor_log")
     def get(self, request, app_ref: str, executor: str, log_type: str):
         stream = _scheduler_stream(log_type)
         job = self.get_app(app_ref)
         worker = self.worker_named(job, executor, by_number=True)
         text = results.process_log(job.result_dir, worker, stream) if stream else ""
-        return _text(text)
+        return _text(_last_lines(text, request))
 
 
 # --- Conductor's view (notebooks) ------------------------------------------------------------

@@ -104,7 +104,11 @@ def default_args(job: TrainingJob) -> str:
 def exec_json(job: TrainingJob, *, detail: bool = False) -> dict:
     """One exec: the fields of WMLA's ``GET /execs/{id}``, then ours; ``detail`` adds the slots
     the job holds now (host and slot index) and its latest training metrics, which
-    ``dlicmd --exec-watch`` shows; lists leave them out to stay one query per page."""
+    ``dlicmd --exec-watch`` shows; lists leave them out to stay one query per page.
+
+    No top-level value is a list: IBM's CPD notebook follows an exec with
+    ``pd.DataFrame(exec, index=[0])``, which takes scalars and mappings but refuses a list
+    that is not one item long, so the slots are a mapping ``"<host>:<slot>" -> slot``."""
     wmla = getattr(job, "wmla_exec", None)
     workers = getattr(job, "workers_now", None)
     if workers is None:
@@ -149,10 +153,10 @@ def exec_json(job: TrainingJob, *, detail: bool = False) -> dict:
         last = job.metrics.filter(kind="train").order_by("-ts", "-id").first()
         body["lastMetrics"] = last.values if last else None
         held = job.allocations.filter(released_at__isnull=True).select_related("host")
-        body["slots"] = [
-            {"host": a.host.name, "slot": a.slot, "worker": a.worker_id}
+        body["slots"] = {
+            f"{a.host.name}:{a.slot}": {"host": a.host.name, "slot": a.slot, "worker": a.worker_id}
             for a in held.order_by("host__name", "slot")
-        ]
+        }
     return body
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import time
 import zipfile
 from pathlib import PurePosixPath
 
@@ -22,10 +21,6 @@ _ERR_NAMES = ("stderr", "stderr.log")
 _ERR_SUFFIXES = (".stderr", ".err")
 SCRATCH_DIRS = frozenset({"tmp"})
 MAX_LOG_BYTES = 8 * 1024 * 1024  # per file: the tail is what a user wants from a huge log
-_CHUNK = 1024 * 1024
-# The times a zip can hold: a job may set any time on its files.
-_ZIP_TIMES = (time.mktime((1980, 1, 2, 0, 0, 0, 0, 0, -1)),
-              time.mktime((2107, 12, 30, 0, 0, 0, 0, 0, -1)))
 # WMLA's ELog line: ``[2020-05-21 18:00:48] Train,<TAB>Timestamp: 1590084048447,<TAB>...``.
 ELOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] [^\n]*?,\tTimestamp: (\d{1,20})\b")
 DRIVER = "driver"
@@ -127,25 +122,6 @@ def process_log(result_dir: str, process: str, stream: str) -> str:
     return read_text(result_dir, f"log/{process}/{stream}")
 
 
-def _add(archive: zipfile.ZipFile, name: str, handle) -> None:
-    """One file into the zip, as big as it was when opened: a job writing to it meanwhile
-    cannot make the zip grow without end."""
-    st = os.fstat(handle.fileno())
-    when = min(max(st.st_mtime, _ZIP_TIMES[0]), _ZIP_TIMES[1])
-    info = zipfile.ZipInfo(name, time.localtime(when)[:6])
-    info.external_attr = (st.st_mode & 0xFFFF) << 16
-    info.compress_type = zipfile.ZIP_DEFLATED
-    info.file_size = st.st_size
-    left = st.st_size
-    with archive.open(info, "w") as out:
-        while left > 0:
-            chunk = handle.read(min(_CHUNK, left))
-            if not chunk:
-                break
-            out.write(chunk)
-            left -= len(chunk)
-
-
 def zip_results(result_dir: str) -> tempfile.SpooledTemporaryFile | None:
     """A zip of the result folder in a temporary file, positioned at its start (None when
     there is nothing to zip); ``zip_size`` says how big it is."""
@@ -156,7 +132,8 @@ def zip_results(result_dir: str) -> tempfile.SpooledTemporaryFile | None:
     with zipfile.ZipFile(spooled, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         # ``tmp/`` holds the processes' scratch files (compiler caches), not results.
         for name, handle in jobfiles.walk_files(result_dir, skip=SCRATCH_DIRS):
-            _add(archive, name, handle)
+            for _chunk in jobfiles.zip_entry(archive, name, handle):
+                pass
             count += 1
     if not count:
         spooled.close()

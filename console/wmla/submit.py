@@ -211,13 +211,14 @@ def exec_submit(
 
 
 def exec_delete(*, job: TrainingJob) -> None:
-    """Delete an ended exec, and the model the WMLA submission created for it (with its
-    unpacked folder) when no other job uses that model. Results stay on disk."""
+    """Delete an ended exec with its result folder, and the model the WMLA submission
+    created for it (with its unpacked folder) when no other job uses that model."""
     if not job.is_terminal:
         raise Conflict({"state": f"Exec is {job.wmla_state}; stop it before deleting it."})
     model = job.model
     submitted_here = WmlaExec.objects.filter(job=job).exists()
     with transaction.atomic():
-        job.delete()
+        # The caller checked the exec is the user's; the job's owner deletes it.
+        job_services.job_delete(job=job, user=job.owner)
         if submitted_here and not model.jobs.exists():
             model.delete()  # its unpacked folder goes once this commits (datasets.signals)

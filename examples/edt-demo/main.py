@@ -1,8 +1,12 @@
 """A small EDT model written the way WMLA's documentation shows: the four changes are the
 FabricModel import, a dataset function returning two map-style datasets, the model/loss/optimizer,
-and FabricModel(...).train(...). Runs standalone (`python main.py`) and under the console."""
+and FabricModel(...).train(...). Runs standalone (`python main.py`) and under the console.
 
-import argparse
+Its hyper-parameters (epochs, batch size, learning rate, optimizer, momentum...) are the job's,
+read with WMLA's ``pth_parameter_mgr``: the values on the model, or those the Train form (or
+the API's ``hyper_parameters``) set for this run. Standalone, set them with ``EDT_HPARAMS``,
+e.g. ``EDT_HPARAMS='{"epochs": 2}' python main.py``."""
+
 import os
 import sys
 
@@ -14,6 +18,7 @@ from torch.utils.data import TensorDataset
 # `fabric_model` too, so the import works either way.
 if os.getenv("FABRIC_HOME"):
     sys.path.insert(0, os.path.join(os.environ["FABRIC_HOME"], "libs", "fabric.zip"))
+import pth_parameter_mgr  # noqa: E402
 from fabric_model import FabricModel  # noqa: E402
 
 
@@ -42,20 +47,15 @@ def accuracy(output, target):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=int(os.environ.get("EPOCHS", "5")))
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--engines", type=int, default=int(os.environ.get("EDT_MAX_WORKERS", "4")))
-    args, _ = parser.parse_known_args()
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 4))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # SGD, Adam... with the learning rate, momentum and weight decay the job was given.
+    optimizer = pth_parameter_mgr.getOptimizer(model)
     loss_function = nn.CrossEntropyLoss()
 
     edt_model = FabricModel(model, get_dataset, loss_function, optimizer, metrics=[accuracy])
-    edt_model.train(args.epochs, args.batch_size, args.engines)
+    engines = int(os.environ.get("EDT_MAX_WORKERS", "4"))
+    edt_model.train(pth_parameter_mgr.getEpoch(), pth_parameter_mgr.getTrainBatchSize(), engines)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ class Command(BaseCommand):
                     "location": str(model_dir),
                     "main_file": "main.py",
                     "dataset": dataset,
-                    "hyper_parameters": {"epochs": 5, "batch_size": 32, "learning_rate": 0.05},
+                    "hyper_parameters": {"epochs": 5, "batch_size": 32, "learning_rate": 0.05,
+                                         "optimizer": "SGD", "momentum": 0.9},
                 },
             )
