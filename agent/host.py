@@ -29,7 +29,7 @@ from config.celery import app
 from config.control_plane import wake_scheduler
 from jobs.models import RELEASE_HOST_LOST
 from jobs.services import host_slots_release
-from resources.discovery import discover
+from resources.discovery import HostUsageSampler, discover
 from resources.services import host_heartbeat, host_leave, host_queue, host_register
 
 log = logging.getLogger("edt.agent")
@@ -69,6 +69,8 @@ class HostAgent:
         self.stopping = threading.Event()
         # Which account runs this host's jobs (``check_job_accounts``), shown on the hosts page.
         self.accounts: dict[str, object] = {}
+        # The host's CPU and memory use, sent with each heartbeat for the hosts page.
+        self.usage = HostUsageSampler()
 
     @property
     def queue(self) -> str:
@@ -110,7 +112,8 @@ class HostAgent:
     def heartbeat_forever(self) -> None:
         while not self.stopping.wait(self.heartbeat_s):
             try:
-                if not host_heartbeat(name=self.name, gpus=discover()):
+                if not host_heartbeat(name=self.name, gpus=discover(),
+                                      usage=self.usage.sample()):
                     # Declared lost while we were alive (a pause, a database outage): its slots
                     # were released and their processes are being ended; offer the host again.
                     log.warning("host %s was marked unavailable; registering again", self.name)

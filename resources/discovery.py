@@ -89,3 +89,70 @@ def discover(nvml: Any = None) -> list[GpuInfo]:
         except nvml.NVMLError:
             pass
     return gpus
+
+
+# -- the host's own CPU and memory ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostUsage:
+    """The whole host's CPU and memory use: what a CPU slot reports on the hosts page."""
+
+    cpu_utilization: int  # percent of all CPUs busy since the previous sample
+    memory_mb: int
+    memory_used_mb: int
+
+
+def _cpu_times(stat_text: str) -> tuple[int, int]:
+    """(busy, total) jiffies from the aggregate ``cpu`` line of ``/proc/stat``."""
+    for line in stat_text.splitlines():
+        if line.startswith("cpu "):
+            values = [int(v) for v in line.split()[1:]]
+            # idle and iowait are the time no task ran; guest time is already in user.
+            idle = values[3] + (values[4] if len(values) > 4 else 0)
+            total = sum(values[:8])
+            return total - idle, total
+    raise ValueError("no aggregate cpu line in /proc/stat")
+
+
+def _memory_mb(meminfo_text: str) -> tuple[int, int]:
+    """(total, used) MB from ``/proc/meminfo``; used leaves out what the kernel can reclaim
+    (MemAvailable), as ``free`` does."""
+    fields = {}
+    for line in meminfo_text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            fields[key] = int(parts[0])  # kB
+    total = fields.get("MemTotal", 0)
+    available = fields.get("MemAvailable", fields.get("MemFree", 0))
+    return total // 1024, max(total - available, 0) // 1024
+
+
+class HostUsageSampler:
+    """CPU utilisation is a rate: each ``sample()`` measures the busy share since the previous
+    one (the heartbeat interval), the way ``top`` does. The first sample covers the time since
+    boot. ``proc`` is a folder holding ``stat`` and ``meminfo`` (a parameter for tests)."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._last: tuple[int, int] = (0, 0)
+
+    def _read(self, name: str) -> str:
+        with open(f"{self.proc}/{name}", encoding="ascii") as f:
+            return f.read()
+
+    def sample(self) -> HostUsage | None:
+        """The usage now, or None where ``/proc`` cannot be read (not Linux)."""
+        try:
+            busy, total = _cpu_times(self._read("stat"))
+            memory_mb, used_mb = _memory_mb(self._read("meminfo"))
+        except (OSError, ValueError, IndexError) as exc:
+            _once(logging.INFO, "host CPU and memory not readable (%s): not reported", exc)
+            return None
+        last_busy, last_total = self._last
+        self._last = (busy, total)
+        span = total - last_total
+        percent = round(100 * (busy - last_busy) / span) if span > 0 else 0
+        return HostUsage(cpu_utilization=min(max(percent, 0), 100), memory_mb=memory_mb,
+                         memory_used_mb=used_mb)

@@ -7,6 +7,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from resources.names import NAME_MAX_LENGTH
+
 
 class Host(models.Model):
     class State(models.TextChoices):
@@ -25,6 +27,13 @@ class Host(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered = models.DateTimeField(default=timezone.now)
     agent_info = models.JSONField(default=dict, blank=True)
+    # The whole host's load as its agent last reported it: what a CPU slot shows, and a hint
+    # of what else runs on a GPU host.
+    cpu_utilization = models.PositiveSmallIntegerField(
+        default=0, help_text="Percent of all CPUs busy, last heartbeat."
+    )
+    memory_mb = models.PositiveIntegerField(default=0)
+    memory_used_mb = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["name"]
@@ -72,7 +81,7 @@ class ResourceGroup(models.Model):
         ALL = "all", "All hosts"
         STATIC = "static", "Static list of hosts"
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True)
     slots_mode = models.CharField(max_length=8, choices=SlotsMode.choices, default=SlotsMode.NGPUS)
     static_slots = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(1024)]
@@ -117,7 +126,7 @@ class InstanceGroup(models.Model):
         PRIORITY = "priority", "Priority"
         FIFO = "fifo", "FIFO"
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True)
     resource_group = models.ForeignKey(
         ResourceGroup, on_delete=models.PROTECT, related_name="instance_groups"
     )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from django.db import transaction
 from django.utils import timezone
 
 from config.control_plane import wake_scheduler
-from resources.discovery import GpuInfo
+from resources.discovery import GpuInfo, HostUsage
 from resources.models import GPU, Host
 
 log = logging.getLogger("edt.hosts")
@@ -65,14 +66,20 @@ def host_register(
     return host
 
 
-def host_heartbeat(*, name: str, gpus: Sequence[GpuInfo] = ()) -> bool:
-    """Record that the agent is alive and its GPUs' utilisation and memory.
+def host_heartbeat(
+    *, name: str, gpus: Sequence[GpuInfo] = (), usage: HostUsage | None = None
+) -> bool:
+    """Record that the agent is alive, its GPUs' utilisation and memory, and the host's own
+    CPU and memory use (``usage``, when the agent could read it).
 
     Returns False when the host was declared lost (or closed) meanwhile: its slots were
     released, so the agent must register again before it gets work."""
     now = timezone.now()
+    fields = asdict(usage) if usage is not None else {}
     with transaction.atomic():
-        n = Host.objects.filter(name=name, state=Host.State.UP).update(last_heartbeat=now)
+        n = Host.objects.filter(name=name, state=Host.State.UP).update(
+            last_heartbeat=now, **fields
+        )
         if not n:
             return False
         for gpu in gpus:
