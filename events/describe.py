@@ -10,6 +10,33 @@ from typing import Any
 
 Event = dict[str, Any]
 
+# Events whose ``epoch`` counts the epochs completed (a checkpoint is taken after its epoch).
+# Every other event's ``epoch`` is the runtime's index of the epoch it is in, counted from 0.
+_EPOCHS_COMPLETED = frozenset(
+    {"checkpoint.saved", "checkpoint.skipped", "checkpoint.failed", "checkpoint.fenced"}
+)
+
+
+def shown_epoch(event: Event) -> int | None:
+    """The epoch ``event`` belongs to as users see it: counted from 1, as WMLA does, so that the
+    end of the last of 20 epochs, the checkpoint after it and the job's progress all say 20.
+    The one place that numbering is decided; None when the event names no epoch."""
+    epoch = event.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        return None
+    return epoch if event.get("type") in _EPOCHS_COMPLETED else epoch + 1
+
+
+def _epoch_text(e: Event) -> str:
+    shown = shown_epoch(e)
+    return "?" if shown is None else str(shown)
+
+
+def _of_epochs(e: Event) -> str:
+    """``20/20`` when the event says how many epochs the job trains, else ``20``."""
+    total = e.get("epochs")
+    return f"{_epoch_text(e)}/{total}" if isinstance(total, int) and total > 0 else _epoch_text(e)
+
 
 def _job_state(e: Event) -> str:
     return f"Job {e.get('state', '?')}" + (f": {e['error']}" if e.get("error") else "")
@@ -17,14 +44,14 @@ def _job_state(e: Event) -> str:
 
 def _epoch_end(e: Event) -> str:
     loss = e.get("loss")
-    return f"Epoch {e.get('epoch')} done" + (
+    return f"Epoch {_of_epochs(e)} done" + (
         f", loss {loss:.4g}" if isinstance(loss, int | float) else ""
     )
 
 
 def _checkpoint_skipped(e: Event) -> str:
     reason = e.get("reason", "failed its check")
-    return f"Checkpoint of epoch {e.get('epoch')} skipped: {reason}"
+    return f"Checkpoint of epoch {_epoch_text(e)} skipped: {reason}"
 
 
 def _slot_granted(e: Event) -> str:
@@ -59,7 +86,7 @@ _MESSAGES: dict[str, Callable[[Event], str]] = {
     "worker.joined": lambda e: f"Worker {e.get('worker_id')} joined (rank {e.get('rank')})",
     "worker.left": lambda e: f"Worker {e.get('worker_id')} left ({e.get('reason', 'unknown')})",
     "epoch.end": _epoch_end,
-    "checkpoint.saved": lambda e: f"Checkpoint saved after epoch {e.get('epoch')}",
+    "checkpoint.saved": lambda e: f"Checkpoint saved after epoch {_epoch_text(e)}",
     "checkpoint.skipped": _checkpoint_skipped,
     "checkpoint.failed": (
         lambda e: f"Checkpoint write failed ({e.get('error', '?')}); training goes on"

@@ -16,6 +16,7 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
+from events.describe import describe, shown_epoch
 from jobs.models import SlotAllocation
 from resources.models import InstanceGroup
 
@@ -61,6 +62,12 @@ def browser_event(event: Event, *, job_id: int, instance_group_id: int,
     out["job_id"] = job_id
     if stream_id:
         out["seq"] = stream_id
+    # The page shows what the stored row shows: the same message, the same epoch number.
+    shown = shown_epoch(event)
+    if shown is not None:
+        out["epoch_shown"] = shown
+    if not out.get("message") and not event["type"].startswith(("log", "metrics.")):
+        out["message"] = describe(event)
     if is_allocation(event["type"]) or event["type"].startswith("job."):
         # Absolute counts, read after the publisher committed: a client that missed an event
         # still converges on the next one.

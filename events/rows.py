@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from events import logs
-from events.describe import describe
+from events.describe import describe, shown_epoch
 from jobs.models import JobEvent, JobMetric, TrainingJob
 
 Event = dict[str, Any]
@@ -70,7 +70,8 @@ def _store_metric(job_id: int, event: Event, when: datetime) -> bool:
         )
         if kind == JobMetric.Kind.TRAIN:
             # The runtime counts epochs from 0; the job shows "epoch 3/5" counted from 1.
-            TrainingJob.objects.filter(pk=job_id).update(epoch=epoch + 1, iteration=iteration)
+            shown = shown_epoch({"type": event["type"], "epoch": epoch})
+            TrainingJob.objects.filter(pk=job_id).update(epoch=shown, iteration=iteration)
     return True
 
 
@@ -91,8 +92,8 @@ def _store_event(job_id: int, event: Event, when: datetime, stream_id: str | Non
             # The epochs the script really trains (what it passed to train()), which its
             # own arguments may set instead of the job's hyper-parameters.
             total = {"epochs": _count(event.get("epochs"))} if _count(event.get("epochs")) else {}
-            TrainingJob.objects.filter(pk=job_id).update(epoch=_count(event["epoch"]) + 1,
-                                                         **total)
+            shown = shown_epoch({"type": "epoch.end", "epoch": _count(event["epoch"])})
+            TrainingJob.objects.filter(pk=job_id).update(epoch=shown, **total)
     return True
 
 

@@ -16,8 +16,10 @@ from events.management.commands.run_events import _decode
     [
         ({"type": "job.state", "state": "FAILED", "error": "boom"}, "Job FAILED: boom"),
         ({"type": "job.state", "state": "RUNNING"}, "Job RUNNING"),
-        ({"type": "epoch.end", "epoch": 2, "loss": 0.123456}, "Epoch 2 done, loss 0.1235"),
-        ({"type": "epoch.end", "epoch": 2}, "Epoch 2 done"),
+        # The runtime counts epochs from 0; users see them from 1, as WMLA shows them.
+        ({"type": "epoch.end", "epoch": 2, "loss": 0.123456}, "Epoch 3 done, loss 0.1235"),
+        ({"type": "epoch.end", "epoch": 19, "epochs": 20}, "Epoch 20/20 done"),
+        ({"type": "checkpoint.saved", "epoch": 20}, "Checkpoint saved after epoch 20"),
         ({"type": "worker.left", "worker_id": "h1-0"}, "Worker h1-0 left (unknown)"),
         ({"type": "slot.granted", "host": "h1", "slot": 3}, "Slot granted on h1:3"),
         ({"type": "allocation.grant", "host": "h1", "slot": 3}, "Slot granted on h1:3"),
