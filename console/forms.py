@@ -3,6 +3,7 @@ the data roots, ownership, ranges), and their errors are put back on the field a
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from django import forms
@@ -14,6 +15,26 @@ from jobs import priority as priority_bounds
 from models.models import ModelDefinition
 from models.validation import BATCH_SIZE_MAX, EPOCHS_MAX, FLOAT_MAX, OPTIMIZERS
 from resources.models import Host, InstanceGroup, ResourceGroup
+from resources.names import NAME_MAX_LENGTH, name_too_long
+
+
+def name_field(what: str, **kwargs) -> forms.CharField:
+    """A name field with the one name limit (``resources.names``), refused on the server with a
+    message naming it. No ``maxlength`` on the input: a browser would silently cut a pasted long
+    name instead of saying why."""
+    field = forms.CharField(
+        max_length=NAME_MAX_LENGTH,
+        error_messages={"max_length": name_too_long(what)},
+        **kwargs,
+    )
+    field.widget.attrs.pop("maxlength", None)
+    return field
+
+
+def roots_help(roots, what: str, example: str) -> str:
+    """Help text naming the folders a path may be in, so the form says it before any error."""
+    where = ", ".join(str(root) for root in roots)
+    return f"A folder under the {what} ({where}), e.g. {example}."
 
 
 def add_service_errors(form: forms.Form, exc: ValidationError, aliases: dict | None = None) -> None:
@@ -68,20 +89,25 @@ class InstanceGroupForm(forms.ModelForm):
 
 
 class DatasetForm(forms.Form):
-    name = forms.CharField(max_length=100)
+    name = name_field("A dataset's name")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
-    train_path = forms.CharField(
-        label="Training folder", required=False, max_length=1024,
-        help_text="A folder under the data roots, e.g. cifar10/train_db.",
-    )
-    test_path = forms.CharField(
-        label="Test folder", required=False, max_length=1024,
-        help_text="A folder under the data roots, e.g. cifar10/test_db.",
-    )
+    train_path = forms.CharField(label="Training folder", required=False, max_length=1024)
+    test_path = forms.CharField(label="Test folder", required=False, max_length=1024)
     archive = forms.FileField(
         required=False,
         help_text="Or upload a .zip or .tar.gz holding train*/ and test*/ folders.",
     )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Read at each form, not at import: the roots are settings a test or a deployment sets.
+        roots = settings.EDT_DATA_ROOTS
+        # datasets.paths.dataset_folder's rule, said before anyone breaks it.
+        own = (" Your own folders are under <data root>/<your user name>/, where a relative path"
+               " is looked up first; an admin may share others.")
+        for field, part in (("train_path", "train_db"), ("test_path", "test_db")):
+            example = f"cifar10/{part}"
+            self.fields[field].help_text = roots_help(roots, "data roots", example) + own
 
     def clean(self) -> dict:
         data = super().clean()
@@ -99,11 +125,8 @@ class ModelDefinitionForm(forms.Form):
     when JavaScript runs, both at once when it does not."""
 
     framework = forms.ChoiceField(choices=ModelDefinition.Framework.choices)
-    name = forms.CharField(max_length=100)
-    location = forms.CharField(
-        label="Model folder", required=False, max_length=1024,
-        help_text="A folder under the model roots holding the main file.",
-    )
+    name = name_field("A model's name")
+    location = forms.CharField(label="Model folder", required=False, max_length=1024)
     archive = forms.FileField(required=False, help_text="Or upload the folder as .zip or .tar.gz.")
     main_file = forms.CharField(max_length=255, initial="main.py")
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
@@ -127,6 +150,9 @@ class ModelDefinitionForm(forms.Form):
     def __init__(self, *args, datasets, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["dataset"].queryset = datasets
+        self.fields["location"].help_text = roots_help(
+            settings.EDT_MODEL_ROOTS, "model roots", "edt-demo"
+        ) + " It holds the main file."
 
     def clean(self) -> dict:
         data = super().clean()
@@ -142,6 +168,45 @@ class ModelDefinitionForm(forms.Form):
         return 1 if any(f in self.errors for f in self.STEP_ONE) else 2
 
 
+# The hyper-parameters the Train form shows as their own fields (WMLA's Train dialog shows the
+# same ones); any other key a model defines is a line of "Other hyper-parameters".
+HP_FIELDS = ("epochs", "batch_size", "learning_rate", "optimizer", "momentum", "weight_decay")
+
+
+def _hp_value_text(value: object) -> str:
+    """One value as typed on an "Other hyper-parameters" line: JSON, except a string that does
+    not read as JSON, which is written bare (``name=resnet`` rather than ``name="resnet"``)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value)
+
+
+def other_hp_text(hp: dict) -> str:
+    return "\n".join(f"{k}={_hp_value_text(v)}" for k, v in hp.items() if k not in HP_FIELDS)
+
+
+def parse_other_hp(text: str) -> dict:
+    """``name=value`` lines as a dict; a value reads as JSON (numbers, true, lists...) when it
+    can, else as the text itself. The service judges the values (``validate_hyper_parameters``)."""
+    hp: dict = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, sep, raw = line.partition("=")
+        if not sep or not name.strip():
+            raise ValidationError(f"Line {number} is not name=value.")
+        if name.strip() in HP_FIELDS:
+            raise ValidationError(f"Line {number}: set {name.strip()} in its own field above.")
+        try:
+            hp[name.strip()] = json.loads(raw)
+        except ValueError:
+            hp[name.strip()] = raw.strip()
+    return hp
+
+
 class TrainForm(forms.Form):
     model = forms.ModelChoiceField(queryset=None, empty_label=None)
     instance_group = forms.ModelChoiceField(queryset=None, empty_label=None)
@@ -155,7 +220,10 @@ class TrainForm(forms.Form):
         max_value=priority_bounds.MAX,
         initial=priority_bounds.DEFAULT,
     )
-    name = forms.CharField(max_length=200, required=False, help_text="Optional; the model's name.")
+    name = name_field(
+        "A job's name", required=False,
+        help_text=f"Optional; the model's name. At most {NAME_MAX_LENGTH} characters.",
+    )
     args = forms.CharField(
         label="Arguments", required=False, strip=False,
         help_text="Optional; passed to the main file as on a command line, e.g. --lr 0.1.",
@@ -165,6 +233,28 @@ class TrainForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Optional; one NAME=value a line, e.g. EDT_PULL_FAILED_LIMITS=3.",
     )
+    # Hyper-parameters for this run, prefilled with the model's own. Blank means "the model's
+    # value" (or the runtime's default where the model has none).
+    epochs = forms.IntegerField(min_value=1, max_value=EPOCHS_MAX, required=False)
+    batch_size = forms.IntegerField(label="Batch size", min_value=1, max_value=BATCH_SIZE_MAX,
+                                    required=False)
+    learning_rate = forms.FloatField(label="Learning rate", min_value=0, max_value=FLOAT_MAX,
+                                     required=False)
+    optimizer = forms.ChoiceField(
+        choices=[("", "The model's own"), *((o, o) for o in OPTIMIZERS)], required=False
+    )
+    momentum = forms.FloatField(min_value=0, max_value=FLOAT_MAX, required=False)
+    weight_decay = forms.FloatField(label="Weight decay", min_value=0, max_value=FLOAT_MAX,
+                                    required=False)
+    other_hyper_parameters = forms.CharField(
+        label="Other hyper-parameters", required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Optional; one name=value a line, e.g. dropout=0.2.",
+    )
+    # The model whose hyper-parameters the fields above were filled with: when the form is
+    # posted for another model (picked without JavaScript, which refills them), the page is
+    # shown again with that model's values rather than starting it with the first one's.
+    hyper_parameters_of = forms.IntegerField(widget=forms.HiddenInput, required=False)
     # A one-time token rendered with the page: a second POST of the same page (a double click,
     # the browser's resubmit, Back then Start again) carries the same token, and the view
     # answers it with the job the first POST created. Optional, so a script posting the form
@@ -183,6 +273,45 @@ class TrainForm(forms.Form):
         self.fields["instance_group"].queryset = InstanceGroup.objects.order_by("name")
         # The service enforces the limit; the browser hint just saves a round trip.
         self.fields["max_workers"].widget.attrs["max"] = settings.EDT_MAX_WORKERS_LIMIT
+        chosen = self.initial.get("model") or models.first()
+        if chosen is not None and not self.is_bound:
+            self.initial.update(self.hp_initial(chosen))
+
+    @staticmethod
+    def hp_initial(model: ModelDefinition) -> dict:
+        """The hyper-parameter fields filled with ``model``'s values."""
+        hp = model.hyper_parameters or {}
+        initial = {key: hp.get(key) for key in HP_FIELDS}
+        initial["optimizer"] = initial["optimizer"] or ""
+        initial["other_hyper_parameters"] = other_hp_text(hp)
+        initial["hyper_parameters_of"] = model.pk
+        return initial
+
+    def clean_other_hyper_parameters(self) -> dict:
+        return parse_other_hp(self.cleaned_data.get("other_hyper_parameters", ""))
+
+    def clean(self) -> dict:
+        data = super().clean()
+        model, shown = data.get("model"), data.get("hyper_parameters_of")
+        if model is not None and shown is not None and shown != model.pk:
+            raise ValidationError(
+                f"The hyper-parameters shown were another model's: they are now {model.name}'s. "
+                "Check them, then start training again.", code="hp_model_changed",
+            )
+        return data
+
+    def hyper_parameters(self) -> dict:
+        """This run's hyper-parameters: the fields filled in, over the model's own."""
+        hp = {k: self.cleaned_data[k] for k in HP_FIELDS if self.cleaned_data.get(k) not in
+              (None, "")}
+        return {**self.cleaned_data.get("other_hyper_parameters", {}), **hp}
+
+    def refilled_for(self, model: ModelDefinition) -> dict:
+        """The posted data with the hyper-parameter fields replaced by ``model``'s values."""
+        data = self.data.copy()
+        for key, value in self.hp_initial(model).items():
+            data[key] = "" if value is None else value
+        return data
 
     def clean_env_vars(self) -> dict[str, str]:
         """``NAME=value`` lines as a dict; the names and values are the service's to judge."""

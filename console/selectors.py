@@ -6,11 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.functions import Mod, RowNumber
 from django.utils import timezone
 
 from datasets.models import Dataset
 from events import logs
+from events.describe import describe, shown_epoch
 from events.fanout import cluster_usage
 from jobs import jobfiles, states
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
@@ -95,6 +97,17 @@ def _chart_start(rows: list[tuple[Any, datetime, datetime | None]], now: datetim
     return max(earliest - timedelta(seconds=1), now - CHART_WINDOW)
 
 
+# A chart's legend cannot clip text the way the page's CSS does: long job names are cut here,
+# and the pages show them whole (in a tooltip) beside the chart.
+LEGEND_CHARS = 40
+
+
+def chart_label(job: TrainingJob) -> str:
+    """``#12 resnet-cifar10``: a job in a chart's legend, at most LEGEND_CHARS long."""
+    label = f"#{job.pk} {job}"
+    return label if len(label) <= LEGEND_CHARS else label[: LEGEND_CHARS - 1] + "…"
+
+
 def cluster_chart(*, instance_group: InstanceGroup, user) -> dict[str, Any]:
     """The dashboard's stacked chart: per visible job, the slots granted and the workers
     training, plus one "others" entry for the jobs the user may not see (counts, no names)."""
@@ -123,7 +136,7 @@ def cluster_chart(*, instance_group: InstanceGroup, user) -> dict[str, Any]:
     entries = [
         {
             "id": key,
-            "label": f"#{key} {visible[key]}" if key != others else "Other users' jobs",
+            "label": chart_label(visible[key]) if key != others else "Other users' jobs",
             "data": data["slots"][key],
             "training": data["training"][key],
         }
@@ -245,26 +258,99 @@ def _resample(times: list[int], values: list[int], at: list[int]) -> list[int]:
     return out
 
 
-def job_metrics(*, job: TrainingJob, limit: int = 5000) -> dict[str, list[dict[str, Any]]]:
-    """Per-iteration training metrics, per-epoch test metrics and epoch summaries."""
+# The most points of each per-step series the job page is sent: a long job's steps are thinned
+# to about this many, evenly, so its page costs the same whatever the job's length.
+CHART_POINTS = 1000
+# Checkpoint events come after the end of the epoch they follow, whatever their time stamps.
+CHECKPOINT_TYPES = frozenset(
+    {"checkpoint.saved", "checkpoint.skipped", "checkpoint.failed", "checkpoint.fenced"}
+)
+
+
+def _thinned(rows: QuerySet[JobMetric], points: int) -> list[JobMetric]:
+    """``rows`` in time order, every n-th one only when there are more than ``points``, and
+    always the last (the step the job is at). Numbered by the database, so a job of a million
+    steps sends ``points`` rows over the wire, not a million."""
+    count = rows.count()
+    if count <= points:
+        return list(rows.order_by("ts", "id"))
+    stride = -(-count // points)
+    numbered = rows.annotate(
+        row=Window(RowNumber(), order_by=[F("ts").asc(), F("id").asc()])
+    ).annotate(phase=Mod(F("row") - 1, stride))
+    picked = list(numbered.filter(phase=0).order_by("ts", "id"))
+    last = rows.order_by("-ts", "-id").first()
+    if last is not None and (not picked or picked[-1].pk != last.pk):
+        picked.append(last)
+    return picked
+
+
+def _metric_row(m: JobMetric) -> dict[str, Any]:
+    return {"ts": m.ts.timestamp(), "epoch": m.epoch, "iteration": m.iteration,
+            "workers": m.workers, **m.values,
+            "epoch_shown": shown_epoch({"type": f"metrics.{m.kind}", "epoch": m.epoch})}
+
+
+def job_metrics(*, job: TrainingJob, points: int = CHART_POINTS) -> dict[str, list[dict[str, Any]]]:
+    """Per-iteration training metrics (thinned to about ``points``), per-epoch test metrics and
+    epoch summaries, each with ``epoch_shown``, the epoch as users see it."""
     def rows(kind: str) -> list[dict[str, Any]]:
-        qs = job.metrics.filter(kind=kind).order_by("-ts", "-id")[:limit]
-        return [
-            {"ts": m.ts.timestamp(), "epoch": m.epoch, "iteration": m.iteration,
-             "workers": m.workers, **m.values}
-            for m in reversed(list(qs))
-        ]
+        return [_metric_row(m) for m in _thinned(job.metrics.filter(kind=kind), points)]
 
     epochs = [
-        {"ts": e.ts.timestamp(), **e.data}
+        {"ts": e.ts.timestamp(), **e.data, "epoch_shown": shown_epoch(e.data | {"type": e.type})}
         for e in job.events.filter(type="epoch.end").order_by("ts", "id")
     ]
     return {"train": rows(JobMetric.Kind.TRAIN), "test": rows(JobMetric.Kind.TEST),
             "epochs": epochs}
 
 
-def job_events(*, job: TrainingJob, limit: int = 200) -> list[JobEvent]:
-    return list(reversed(list(job.events.order_by("-ts", "-id")[:limit])))
+def _after_their_epochs(events: list[JobEvent]) -> list[JobEvent]:
+    """``events`` in time order, except that a checkpoint stamped before the end of the epoch
+    it follows (the two come from different threads of the driver) is moved just after it."""
+    ends = {shown_epoch(e.data | {"type": e.type}) for e in events if e.type == "epoch.end"}
+    ordered: list[JobEvent] = []
+    held: dict[int | None, list[JobEvent]] = {}
+    for e in events:
+        epoch = shown_epoch(e.data | {"type": e.type})
+        if e.type in CHECKPOINT_TYPES and epoch in ends:
+            held.setdefault(epoch, []).append(e)
+            continue
+        ordered.append(e)
+        if e.type == "epoch.end":
+            ends.discard(epoch)
+            ordered.extend(held.pop(epoch, []))
+    return ordered + [e for group in held.values() for e in group]
+
+
+def job_events(*, job: TrainingJob, limit: int = 500) -> list[JobEvent]:
+    """The job's last ``limit`` events, oldest first, each checkpoint after its epoch's end.
+
+    Epoch and checkpoint events are described again from their data (the runtime sends them
+    without a message of their own), so rows stored before the epochs were numbered from 1
+    read like the new ones."""
+    events = list(reversed(list(job.events.order_by("-ts", "-id")[:limit])))
+    for e in events:
+        if e.type == "epoch.end" or e.type in CHECKPOINT_TYPES:
+            e.message = describe(e.data | {"type": e.type})
+    return _after_their_epochs(events)
+
+
+def event_row(event: JobEvent) -> dict[str, Any]:
+    """One event as the job page's live events carry it (see ``events.fanout``)."""
+    return {"type": event.type, "source": event.source, "message": event.message,
+            "ts": event.ts.timestamp(), "seq": event.data.get("seq"),
+            "epoch_shown": shown_epoch(event.data | {"type": event.type})}
+
+
+def worker_ranks(*, job: TrainingJob) -> dict[str, int]:
+    """Each worker's rank in the job's last generation (its ``members`` are in rank order),
+    keyed by the log source its lines carry (``worker:<id>``)."""
+    last = job.events.filter(type=GENERATION_CHANGED).order_by("-ts", "-id").first()
+    members = last.data.get("members") if last is not None else None
+    if not isinstance(members, list):
+        return {}
+    return {f"worker:{member}": rank for rank, member in enumerate(members)}
 
 
 def job_log(*, job: TrainingJob, source: str = "", limit: int = 200) -> list[dict[str, Any]]:
@@ -322,12 +408,51 @@ def instance_group_summaries(*, user) -> list[dict[str, Any]]:
     ]
 
 
-def hosts_overview() -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SlotRow:
+    """One slot of a host on the hosts page: its GPU (None for a CPU slot) and who holds it.
+    ``job`` is None when the slot is free or held by a job this user may not see
+    (``held_by_other`` then says it is taken, without naming whose)."""
+
+    index: int
+    gpu: Any = None
+    allocation: SlotAllocation | None = None
+    job: TrainingJob | None = None
+
+    @property
+    def held_by_other(self) -> bool:
+        return self.allocation is not None and self.job is None
+
+
+def _host_slots(host: Host, gpus: list, held: list[SlotAllocation], mine: set[int]) -> list:
+    """The host's slots in index order: one per GPU, else its CPU slots, and any slot a static
+    resource group numbered past those that is held now."""
+    by_slot = {a.slot: a for a in held}
+    gpu_at = {g.index: g for g in gpus}
+    offered = set(gpu_at) if gpus else set(range(host.cpu_slots))
+    indexes = sorted(offered | set(by_slot))
+    rows = []
+    for index in indexes:
+        alloc = by_slot.get(index)
+        job = alloc.job if alloc is not None and alloc.job_id in mine else None
+        rows.append(SlotRow(index=index, gpu=gpu_at.get(index), allocation=alloc, job=job))
+    return rows
+
+
+def hosts_overview(*, user) -> list[dict[str, Any]]:
+    """Each host with its GPUs and slots, and the job and worker holding each slot (named
+    only for jobs ``user`` may see)."""
     hosts = Host.objects.prefetch_related("gpus", "resource_groups").order_by("name")
-    held: dict[int, int] = {}
-    for host_id in SlotAllocation.objects.filter(released_at__isnull=True).values_list(
-        "host_id", flat=True
-    ):
-        held[host_id] = held.get(host_id, 0) + 1
-    return [{"host": host, "gpus": list(host.gpus.all()), "held": held.get(host.pk, 0)}
-            for host in hosts]
+    active = SlotAllocation.objects.filter(released_at__isnull=True).select_related("job")
+    held: dict[int, list[SlotAllocation]] = {}
+    for alloc in active:
+        held.setdefault(alloc.host_id, []).append(alloc)
+    mine = set(TrainingJob.objects.visible_to(user).filter(
+        pk__in={a.job_id for allocs in held.values() for a in allocs}).values_list("pk", flat=True))
+    rows = []
+    for host in hosts:
+        gpus = list(host.gpus.all())
+        allocs = held.get(host.pk, [])
+        rows.append({"host": host, "gpus": gpus, "held": len(allocs),
+                     "slots": _host_slots(host, gpus, allocs, mine)})
+    return rows

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from console import views
+from console import compare, job_files, objects, users, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -18,20 +18,34 @@ urlpatterns = [
     path("datasets/", views.datasets, name="datasets"),
     path("datasets/new/", views.dataset_new, name="dataset-new"),
     path("datasets/new/any/", views.dataset_new_any, name="dataset-new-any"),
-    path("datasets/<int:pk>/delete/", views.dataset_delete, name="dataset-delete"),
+    path("datasets/<int:pk>/", objects.dataset_detail, name="dataset"),
+    path("datasets/<int:pk>/edit/", objects.dataset_edit, name="dataset-edit"),
+    path("datasets/<int:pk>/delete/", objects.dataset_delete, name="dataset-delete"),
     path("models/", views.models_list, name="models"),
     path("models/new/", views.model_new, name="model-new"),
-    path("models/<int:pk>/delete/", views.model_delete, name="model-delete"),
+    path("models/<int:pk>/", objects.model_detail, name="model"),
+    path("models/<int:pk>/edit/", objects.model_edit, name="model-edit"),
+    path("models/<int:pk>/delete/", objects.model_delete, name="model-delete"),
     path("models/<int:model_id>/train/", views.train, name="model-train"),
     path("train/", views.train, name="train"),
     path("jobs/", views.jobs, name="jobs"),
     path("jobs/reorder/", views.jobs_reorder, name="jobs-reorder"),
+    path("jobs/compare/", compare.jobs_compare, name="jobs-compare"),
     path("jobs/<int:pk>/", views.job_detail, name="job"),
     path("jobs/<int:pk>/history.json", views.job_history, name="job-history"),
     path("jobs/<int:pk>/priority/", views.job_priority, name="job-priority"),
     path("jobs/<int:pk>/stop/", views.job_stop, name="job-stop"),
+    path("jobs/<int:pk>/delete/", objects.job_delete, name="job-delete"),
     path("jobs/<int:pk>/results/", views.job_results, name="job-results"),
+    path("jobs/<int:pk>/results.zip", job_files.job_results_zip, name="job-results-zip"),
     path("jobs/<int:pk>/results/<path:path>", views.job_result_download, name="job-result"),
+    path("users/", users.users, name="users"),
+    path("users/new/", users.user_new, name="user-new"),
+    path("users/<int:pk>/active/", users.user_active, name="user-active"),
+    path("users/<int:pk>/admin/", users.user_admin, name="user-admin"),
+    path("users/<int:pk>/password/", users.user_password, name="user-password"),
+    path("users/<int:pk>/token/", users.user_token, name="user-token"),
+    path("account/", users.my_account, name="my-account"),
     # Not namespaced: settings.LOGIN_URL and LOGOUT_REDIRECT_URL name "login".
     path(
         "login/",

@@ -9,7 +9,7 @@ from functools import wraps
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.db.models import ProtectedError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -63,7 +63,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 def hosts(request: HttpRequest) -> HttpResponse:
     template = "console/_hosts_table.html" if _is_htmx(request) else "console/hosts.html"
-    return render(request, template, {"hosts": selectors.hosts_overview()})
+    return render(request, template, {"hosts": selectors.hosts_overview(user=request.user)})
 
 
 @login_required
@@ -178,7 +178,8 @@ def _refusal_status(exc: ValidationError) -> int:
 
 def _delete(request: HttpRequest, obj, delete, what: str, back: str) -> HttpResponse:
     """Delete ``obj`` with the service ``delete``; one still in use stays, and the page says by
-    what (jobs and models must go first: their records point at it)."""
+    what (jobs and models must go first: their records point at it). The confirmation pages
+    of ``console.objects`` call it once the user confirmed."""
     try:
         delete(user=request.user, **{what: obj})
     except ProtectedError as exc:
@@ -186,13 +187,6 @@ def _delete(request: HttpRequest, obj, delete, what: str, back: str) -> HttpResp
     else:
         messages.success(request, f"{what.capitalize()} {obj.name} deleted.")
     return redirect(back)
-
-
-@require_POST
-@login_required
-def dataset_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    dataset = get_object_or_404(selectors.datasets_for_user(user=request.user), pk=pk)
-    return _delete(request, dataset, dataset_services.dataset_delete, "dataset", "datasets")
 
 
 @login_required
@@ -233,13 +227,6 @@ def model_new(request: HttpRequest) -> HttpResponse:
     return render(request, "console/model_form.html", {"form": form, "step": step}, status=status)
 
 
-@require_POST
-@login_required
-def model_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    model = get_object_or_404(selectors.models_for_user(user=request.user), pk=pk)
-    return _delete(request, model, model_services.model_delete, "model", "models")
-
-
 # --- training -----------------------------------------------------------------------------------
 
 
@@ -255,7 +242,7 @@ def train(request: HttpRequest, model_id: int | None = None) -> HttpResponse:
     form = forms.TrainForm(request.POST or None, initial=initial, models=models)
     if request.method == "POST" and form.is_valid():
         try:
-            job, created = _submit_train_form(request, form.cleaned_data)
+            job, created = _submit_train_form(request, form)
         except ValidationError as exc:
             forms.add_service_errors(form, exc)
         else:
@@ -264,17 +251,32 @@ def train(request: HttpRequest, model_id: int | None = None) -> HttpResponse:
             else:
                 messages.info(request, f"This form was already submitted as job {job.pk}.")
             return redirect("job", pk=job.pk)
+    elif form.has_error(NON_FIELD_ERRORS, "hp_model_changed"):
+        # Another model was picked without JavaScript: show its hyper-parameters, keeping the
+        # rest of what was typed, and the reason on top.
+        refilled = forms.TrainForm(form.refilled_for(form.cleaned_data["model"]), models=models)
+        refilled.is_valid()
+        refilled.add_error(None, form.non_field_errors())
+        form = refilled
     status = 400 if form.errors else 200
-    return render(request, "console/train.html", {"form": form, "models": models}, status=status)
+    context = {"form": form, "models": models, "model_hps": _model_hps(models)}
+    return render(request, "console/train.html", context, status=status)
 
 
-def _submit_train_form(request: HttpRequest, data: dict) -> tuple[TrainingJob, bool]:
+def _model_hps(models) -> dict[str, dict]:
+    """Each model's hyper-parameter fields, for the page to refill them when another model is
+    picked."""
+    return {str(m.pk): forms.TrainForm.hp_initial(m) for m in models}
+
+
+def _submit_train_form(request: HttpRequest, form: forms.TrainForm) -> tuple[TrainingJob, bool]:
     """Submit the Train form once per token: ``(job, created)``."""
+    data = form.cleaned_data
     submission = {
         "user": request.user, "model": data["model"], "instance_group": data["instance_group"],
         "max_workers": data["max_workers"], "devices_per_worker": data["devices_per_worker"],
         "priority": data["priority"], "name": data["name"], "args": data["args"],
-        "env_vars": data["env_vars"],
+        "env_vars": data["env_vars"], "hyper_parameters": form.hyper_parameters(),
     }
     if not data["submit_token"]:
         return job_services.job_submit(**submission), True
@@ -424,11 +426,8 @@ def job_history(request: HttpRequest, pk: int) -> JsonResponse:
             },
             "chart": selectors.job_chart(job=job),
             "metrics": selectors.job_metrics(job=job),
-            "events": [
-                {"type": e.type, "source": e.source, "message": e.message,
-                 "ts": e.ts.timestamp(), "seq": e.data.get("seq")}
-                for e in selectors.job_events(job=job)
-            ],
+            "events": [selectors.event_row(e) for e in selectors.job_events(job=job)],
+            "ranks": selectors.worker_ranks(job=job),
             "log": log,
             "log_more": log_more,
         }

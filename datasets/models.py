@@ -8,6 +8,7 @@ from django.db import models
 from django.utils import timezone
 
 from config.ownership import OwnedQuerySet
+from resources.names import NAME_MAX_LENGTH
 
 
 class Upload(models.Model):
@@ -43,7 +44,7 @@ class Dataset(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="datasets"
     )
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=NAME_MAX_LENGTH)
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.ANY)
     description = models.TextField(blank=True)
     train_path = models.CharField(max_length=1024, help_text="Folder with the training data.")

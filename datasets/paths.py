@@ -11,9 +11,12 @@ from django.core.exceptions import ValidationError
 from config.ownership import is_admin
 
 
-def confine(path: str, roots: Sequence[Path], *, must_be_dir: bool = True) -> Path:
+def confine(
+    path: str, roots: Sequence[Path], *, must_be_dir: bool = True, what: str = "data roots"
+) -> Path:
     """Resolve ``path`` (absolute, or relative to the first root) and return it if it lies inside
-    one of ``roots`` after following symlinks; raise ``ValidationError`` naming the problem."""
+    one of ``roots`` after following symlinks; raise ``ValidationError`` naming the problem.
+    ``what`` names the roots in that message ("data roots", "model roots")."""
     if not path or not path.strip():
         raise ValidationError("This path is empty.")
     if "\x00" in path:
@@ -26,7 +29,7 @@ def confine(path: str, roots: Sequence[Path], *, must_be_dir: bool = True) -> Pa
     resolved = candidate.resolve()
     if not any(resolved == root or root in resolved.parents for root in roots):
         allowed = ", ".join(str(r) for r in roots)
-        raise ValidationError(f"'{path}' is outside the allowed data roots ({allowed}).")
+        raise ValidationError(f"'{path}' is outside the allowed {what} ({allowed}).")
     if must_be_dir and not resolved.is_dir():
         raise ValidationError(f"'{path}' is not an existing folder.")
     return resolved

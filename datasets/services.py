@@ -12,15 +12,20 @@ from config.ownership import is_admin
 from datasets.models import Dataset, Upload
 from datasets.paths import dataset_folder
 from datasets.uploads import unpacked
+from resources.names import check_name_length
 
 
-def _check_name(name: str, owner) -> str:
+def _check_name(name: str, owner, renamed: Dataset | None = None) -> str:
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": "A dataset needs a name."})
+    check_name_length(name, "A dataset's name")
     # Names are unique per owner: the message speaks of the owner's own datasets alone, so it
     # says nothing of the names other users chose.
-    if Dataset.objects.filter(owner=owner, name=name).exists():
+    taken = Dataset.objects.filter(owner=owner, name=name)
+    if renamed is not None:
+        taken = taken.exclude(pk=renamed.pk)
+    if taken.exists():
         raise ValidationError({"name": f"You already have a dataset named '{name}'."})
     return name
 
@@ -84,3 +89,53 @@ def dataset_delete(*, dataset: Dataset, user) -> None:
     if dataset.owner_id != user.id and not is_admin(user):
         raise PermissionDenied("You can only delete your own datasets.")
     dataset.delete()
+
+
+def dataset_paths_editable(dataset: Dataset) -> str:
+    """Why the dataset's folders cannot be changed ("" when they can).
+
+    An uploaded dataset's folders are the product's own: pointing the record elsewhere would
+    leave them behind uncharged, or let their removal take a folder the user named. A dataset
+    any job used keeps its folders: a running job reads them again when it restarts, and an
+    ended job's record must still say what it trained on."""
+    if dataset.upload_id is not None or dataset.uploaded:
+        return "The folders of an uploaded dataset are the product's own and cannot change."
+    if dataset.jobs.exists():
+        return "A job has trained on this dataset: its folders stay as that job used them."
+    return ""
+
+
+def _moved_folders(dataset: Dataset, moves: dict[str, str]) -> dict[str, str]:
+    """The new folders, checked as at creation (in the owner's area), or a refusal naming each
+    field that cannot change."""
+    refusal = dataset_paths_editable(dataset)
+    if refusal:
+        raise ValidationError({field: refusal for field in moves})
+    resolved, errors = {}, {}
+    for field, value in moves.items():
+        try:
+            resolved[field] = str(dataset_folder(value, owner=dataset.owner))
+        except ValidationError as exc:
+            errors[field] = exc.messages
+    if errors:
+        raise ValidationError(errors)
+    return resolved
+
+
+def dataset_update(
+    *, dataset: Dataset, user, name: str, description: str = "",
+    train_path: str | None = None, test_path: str | None = None,
+) -> Dataset:
+    """Rename, describe and (while ``dataset_paths_editable`` allows it) move a dataset; a path
+    left None or unchanged stays as it is. Nothing changes unless everything is valid."""
+    if dataset.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("You can only change your own datasets.")
+    name = _check_name(name, dataset.owner, renamed=dataset)
+    moves = {k: v for k, v in (("train_path", train_path), ("test_path", test_path))
+             if v is not None and v != getattr(dataset, k)}
+    changes = {"name": name, "description": description or "",
+               **(_moved_folders(dataset, moves) if moves else {})}
+    for field, value in changes.items():
+        setattr(dataset, field, value)
+    dataset.save(update_fields=list(changes))
+    return dataset

@@ -18,6 +18,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
+import zipfile
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -253,3 +255,29 @@ def list_downloads(root: Root) -> list[tuple[str, int]]:
     """(relative path, size) of every file the console serves, folder by folder."""
     return [entry for folder in DOWNLOAD_FOLDERS for entry in sorted(list_files(root, (folder,)))]
 
+
+# The times a zip entry can hold: a job may set any time on its files.
+_ZIP_TIMES = (time.mktime((1980, 1, 2, 0, 0, 0, 0, 0, -1)),
+              time.mktime((2107, 12, 30, 0, 0, 0, 0, 0, -1)))
+_ZIP_CHUNK = 1024 * 1024
+
+
+def zip_entry(archive: zipfile.ZipFile, name: str, handle: BinaryIO) -> Iterator[None]:
+    """Write one opened file into ``archive`` as ``name``, yielding after each chunk (so a
+    streamed zip can send what is written so far). It takes the file as big as it was when
+    opened: a job still writing to it cannot make the zip grow without end."""
+    st = os.fstat(handle.fileno())
+    when = min(max(st.st_mtime, _ZIP_TIMES[0]), _ZIP_TIMES[1])
+    info = zipfile.ZipInfo(name, time.localtime(when)[:6])
+    info.external_attr = (st.st_mode & 0xFFFF) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.file_size = st.st_size
+    left = st.st_size
+    with archive.open(info, "w") as out:
+        while left > 0:
+            chunk = handle.read(min(_ZIP_CHUNK, left))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+            yield

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from config.ownership import OwnedQuerySet
 from jobs import priority, states
+from resources.names import NAME_MAX_LENGTH
 
 
 class TrainingJobQuerySet(OwnedQuerySet):
@@ -38,7 +39,7 @@ class TrainingJob(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="training_jobs"
     )
-    name = models.CharField(max_length=200, blank=True)
+    name = models.CharField(max_length=NAME_MAX_LENGTH, blank=True)
     model = models.ForeignKey(
         "models.ModelDefinition", on_delete=models.PROTECT, related_name="jobs"
     )

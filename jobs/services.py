@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,6 +21,9 @@ from jobs import priority as bounds
 from jobs.models import JobEvent, SlotAllocation, TrainingJob
 from jobs.validation import validate_args, validate_command_line, validate_env_vars
 from models.validation import check_main_file, validate_hyper_parameters
+from resources.names import check_name_length
+
+log = logging.getLogger(__name__)
 
 
 def validate_priority(priority: object) -> int:
@@ -44,9 +51,7 @@ def validate_job_name(name: object) -> str:
     if not isinstance(name, str):
         raise ValidationError({"name": "The job's name must be a string."})
     name = name.strip()
-    limit = TrainingJob._meta.get_field("name").max_length
-    if len(name) > limit:
-        raise ValidationError({"name": f"A job's name may be at most {limit} characters long."})
+    check_name_length(name, "A job's name")
     if "\x00" in name:
         raise ValidationError({"name": "A job's name may not contain a NUL character."})
     return name
@@ -276,3 +281,71 @@ def host_slots_release(*, host_name: str, reason: str) -> list[SlotAllocation]:
     for alloc in held:
         alloc.released_at, alloc.release_reason = now, reason
     return held
+
+
+def _own_result_folder(job: TrainingJob) -> Path | None:
+    """The job's result folder when it is the one the product made for it (``job-<id>`` right
+    under ``EDT_RESULT_ROOT``); None for any other recorded folder, which is not ours to remove."""
+    folder = jobfiles.result_folder(job.pk, job.result_dir)
+    root = Path(settings.EDT_RESULT_ROOT)
+    if folder.parent != root or folder.name != f"job-{job.pk}":
+        return None
+    return folder
+
+
+def remove_result_folder(folder: Path) -> list[str]:
+    """Remove a job's result folder; the entries that could not be removed, with why.
+
+    The job's account owns everything in it and may have planted links there: the removal works
+    through descriptors from the result root (``shutil.rmtree`` with ``dir_fd``), which removes
+    a link itself and never what it points at, so nothing outside the folder is touched. Files
+    the job made unreachable (a folder it closed with ``chmod 700``) stay, and are named."""
+    if not shutil.rmtree.avoids_symlink_attacks:  # pragma: no cover - Linux has it
+        return [f"{folder}: this platform cannot remove it without following links"]
+    left: list[str] = []
+
+    def note(_func, path, exc) -> None:
+        exc = exc[1] if isinstance(exc, tuple) else exc  # onerror's exc_info, onexc's exception
+        if not isinstance(exc, FileNotFoundError):
+            left.append(f"{path}: {exc.strerror or exc}")
+
+    hook = {"onexc": note} if sys.version_info >= (3, 12) else {"onerror": note}
+    try:
+        root_fd = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    try:
+        shutil.rmtree(folder.name, dir_fd=root_fd, **hook)
+    finally:
+        os.close(root_fd)
+    if left:
+        log.warning("job folder %s not fully removed: %s", folder, "; ".join(left[:5]))
+    return left
+
+
+def job_delete(*, job: TrainingJob, user) -> list[str]:
+    """Delete an ended job: its record, events, metrics and slot history (the database
+    cascades them) and, once that commits, its result folder (logs, checkpoints, saved model).
+
+    A job that has not ended is refused: its processes still write to the folder. Returns a
+    list that, after the commit, names the files that could not be removed (see
+    ``remove_result_folder``); it stays empty when everything went."""
+    if job.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("You can only delete your own jobs.")
+    left: list[str] = []
+    with transaction.atomic():
+        # Locked and read again: a job is deleted only if it has really ended, not as a stale
+        # copy says (ended states are final, so it cannot start again once seen ended here).
+        locked = TrainingJob.objects.select_for_update().filter(pk=job.pk)
+        state = locked.values_list("state", flat=True).first()
+        if state is None:
+            return left
+        if state not in states.TERMINAL:
+            raise ValidationError(
+                {"state": f"Job {job.pk} is {state}; stop it and wait for it to end first."}
+            )
+        folder = _own_result_folder(job)
+        job.delete()
+        if folder is not None:
+            transaction.on_commit(lambda: left.extend(remove_result_folder(folder)))
+    return left

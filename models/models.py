@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from config.ownership import OwnedQuerySet
+from resources.names import NAME_MAX_LENGTH
 
 
 class ModelDefinition(models.Model):
@@ -19,7 +20,7 @@ class ModelDefinition(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="model_definitions"
     )
-    name = models.CharField(max_length=100)
+    name = models.CharField(max_length=NAME_MAX_LENGTH)
     description = models.TextField(blank=True)
     framework = models.CharField(
         max_length=16, choices=Framework.choices, default=Framework.PYTORCH

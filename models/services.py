@@ -14,16 +14,18 @@ from datasets.paths import confine
 from datasets.uploads import root_for, unpacked
 from models.models import ModelDefinition
 from models.validation import OPTIMIZERS, check_main_file, validate_hyper_parameters
+from resources.names import check_name_length
 
 # The rules live in models.validation; callers that imported them from here keep working.
 __all__ = ["OPTIMIZERS", "model_create", "model_create_from_archive", "model_delete",
-           "validate_hyper_parameters"]
+           "model_update", "validate_hyper_parameters"]
 
 
 def _check_fields(*, owner, name: str, dataset, framework: str, engine: str) -> str:
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": "A model needs a name."})
+    check_name_length(name, "A model's name")
     if ModelDefinition.objects.filter(owner=owner, name=name).exists():
         raise ValidationError({"name": f"You already have a model named '{name}'."})
     if framework not in ModelDefinition.Framework.values:
@@ -55,7 +57,7 @@ def model_create(
                          engine=engine)
     hyper_parameters = validate_hyper_parameters(hyper_parameters)
     try:
-        folder = confine(location, settings.EDT_MODEL_ROOTS)
+        folder = confine(location, settings.EDT_MODEL_ROOTS, what="model roots")
     except ValidationError as exc:
         raise ValidationError({"location": exc.messages}) from exc
     uploads = root_for(Upload.Kind.MODEL).resolve()
@@ -98,3 +100,34 @@ def model_delete(*, model: ModelDefinition, user) -> None:
     if model.owner_id != user.id and not is_admin(user):
         raise PermissionDenied("You can only delete your own models.")
     model.delete()
+
+
+def model_update(
+    *, model: ModelDefinition, user, name: str, description: str = "", dataset=None,
+    hyper_parameters: dict | None = None,
+) -> ModelDefinition:
+    """Change what is safe to change on a model that jobs may reference: its name, its
+    description, the dataset and the default hyper-parameters new jobs start from.
+
+    Those are safe because a job copies them when it is submitted (``job_submit`` stores the
+    dataset and the merged hyper-parameters on the job), so no job, running or ended, sees the
+    change. The folder and main file are not offered: a running job's agent reads them again
+    at every (re)launch, so changing them would swap the code under a job that is training;
+    register a new model for new code instead."""
+    if model.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("You can only change your own models.")
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": "A model needs a name."})
+    check_name_length(name, "A model's name")
+    owner = model.owner
+    if ModelDefinition.objects.filter(owner=owner, name=name).exclude(pk=model.pk).exists():
+        raise ValidationError({"name": f"You already have a model named '{name}'."})
+    # As at creation: the model's owner's datasets (any, for an admin's own model).
+    if dataset is not None and dataset.owner_id != owner.id and not is_admin(owner):
+        raise ValidationError({"dataset": "A model can only use its owner's datasets."})
+    hyper_parameters = validate_hyper_parameters(hyper_parameters)
+    model.name, model.description = name, description or ""
+    model.dataset, model.hyper_parameters = dataset, hyper_parameters
+    model.save(update_fields=["name", "description", "dataset", "hyper_parameters"])
+    return model

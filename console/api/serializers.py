@@ -11,6 +11,7 @@ from jobs import priority as priority_bounds
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from models.models import ModelDefinition
 from resources.models import GPU, Host, InstanceGroup, ResourceGroup
+from resources.names import NAME_MAX_LENGTH, name_too_long
 
 
 class GPUSerializer(serializers.ModelSerializer):
@@ -25,7 +26,8 @@ class HostSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Host
-        fields = ["id", "name", "address", "cpu_slots", "state", "last_heartbeat", "ngpus", "gpus"]
+        fields = ["id", "name", "address", "cpu_slots", "state", "last_heartbeat", "ngpus", "gpus",
+                  "cpu_utilization", "memory_mb", "memory_used_mb"]
         read_only_fields = ["last_heartbeat"]
 
 
@@ -85,7 +87,9 @@ class DatasetSerializer(serializers.ModelSerializer):
 
 
 class DatasetUploadSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
+    name = serializers.CharField(
+        max_length=NAME_MAX_LENGTH, error_messages={"max_length": name_too_long("A dataset's name")}
+    )
     description = serializers.CharField(required=False, allow_blank=True, default="")
     archive = serializers.FileField()
 
@@ -167,7 +171,10 @@ class JobSubmitSerializer(serializers.Serializer):
     model = serializers.PrimaryKeyRelatedField(queryset=ModelDefinition.objects.all())
     instance_group = serializers.PrimaryKeyRelatedField(queryset=InstanceGroup.objects.all())
     dataset = serializers.PrimaryKeyRelatedField(queryset=Dataset.objects.all(), required=False)
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    name = serializers.CharField(
+        max_length=NAME_MAX_LENGTH, required=False, allow_blank=True, default="",
+        error_messages={"max_length": name_too_long("A job's name")},
+    )
     max_workers = serializers.IntegerField(min_value=1)
     devices_per_worker = serializers.IntegerField(min_value=1, default=1)
     priority = serializers.IntegerField(

@@ -228,7 +228,8 @@ class JobViewSet(
                 {"state": f"Job {job.pk} is {job.state}; stop it before deleting it."},
                 status=status.HTTP_409_CONFLICT,
             )
-        job.delete()
+        # The job's result folder goes with it, as from the console.
+        call_service(job_services.job_delete, job=job, user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={202: s.JobSerializer})

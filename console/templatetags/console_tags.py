@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
 
 register = template.Library()
 
 # url name -> the main navigation entry it belongs to
 _SECTIONS = {
     "home": "cluster", "instance-group": "cluster",
-    "jobs": "jobs", "job": "jobs", "job-stop": "jobs",
+    "jobs": "jobs", "job": "jobs", "job-stop": "jobs", "jobs-compare": "jobs",
     "models": "models", "model-new": "models",
     "datasets": "datasets", "dataset-new": "datasets", "dataset-new-any": "datasets",
     "train": "train", "model-train": "train",
@@ -71,3 +75,26 @@ def is_stopping(job) -> bool:
     time its stop was asked for after it ended, and "KILLED stopping" reads as if it were not
     over."""
     return bool(job.stop_requested_at) and not job.is_terminal
+
+
+@register.filter
+def clip(value: object) -> SafeString:
+    """A name shortened on screen to the space it has (CSS ``.clip``: one line, an ellipsis),
+    the whole name in its tooltip: a long name never widens a table or a heading."""
+    text = str(value)
+    return format_html('<span class="clip" title="{}">{}</span>', text, text)
+
+
+# Below this, "N minutes ago" would read "0 minutes ago".
+JUST_NOW = timedelta(minutes=1)
+
+
+@register.filter
+def ago(value: datetime | None, now: datetime | None = None) -> str:
+    """"just now", "5 minutes ago", "2 hours, 3 minutes ago"; "never" without a time."""
+    if value is None:
+        return "never"
+    now = now or timezone.now()
+    if now - value < JUST_NOW:
+        return "just now"
+    return f"{timesince(value, now)} ago"

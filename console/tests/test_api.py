@@ -2,6 +2,7 @@
 
 import io
 import zipfile
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -354,3 +355,16 @@ def test_patching_a_datasets_paths_is_refused_and_changes_nothing(api, owner, da
     assert ok.status_code == 200
     dataset.refresh_from_db()
     assert dataset.description == "x"
+
+
+def test_deleting_an_ended_job_removes_its_result_folder(api, owner, job,
+                                                         django_capture_on_commit_callbacks):
+    folder = Path(job.result_dir)
+    assert folder.name == f"job-{job.pk}"
+    (folder / "log").mkdir(parents=True, exist_ok=True)
+    (folder / "log" / "stdout").write_text("hello\n")
+    TrainingJob.objects.filter(pk=job.pk).update(state=states.FINISHED)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api(owner).delete(f"/api/v1/jobs/{job.pk}/").status_code == 204
+    assert not TrainingJob.objects.filter(pk=job.pk).exists()
+    assert not folder.exists()

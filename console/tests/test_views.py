@@ -498,6 +498,16 @@ def test_the_job_page_shows_the_restarts_used_and_a_traceback_as_it_was(browser,
     assert '<pre class="error">The script failed: ValueError: bad\n\nTraceback' in page
 
 
+def test_the_job_page_shows_the_hyper_parameters_the_job_trains_with(browser, owner, job):
+    TrainingJob.objects.filter(pk=job.pk).update(
+        hyper_parameters={"epochs": 7, "learning_rate": 0.05, "optimizer": "<SGD>"})
+    page = browser(owner).get(reverse("job", args=[job.pk])).content.decode()
+    shown = re.search(r"<dd data-hyper-parameters>(.*?)</dd>", page).group(1)
+    # By name, whatever order the database keeps a JSON object's keys in (PostgreSQL sorts).
+    assert shown == ("<code>epochs=7</code>, <code>learning_rate=0.05</code>, "
+                     "<code>optimizer=&lt;SGD&gt;</code>")
+
+
 def test_the_job_chart_shows_slots_granted_and_workers_training_apart(browser, owner, job,
                                                                        cluster):
     from events.ingest import ingest

@@ -1,4 +1,4 @@
-/* Live pages: the cluster dashboard and the job page.
+/* Live pages: the cluster dashboard here, the job page in job_*.js on the same pieces.
  *
  * Every page first draws its history from the database (a JSON view), then applies the events
  * the server pushes over a WebSocket. The history is fetched again each time the socket
@@ -67,6 +67,8 @@
       statusEl.textContent = text || (on ? "live" : "reconnecting…");
       statusEl.classList.toggle("on", on);
     }
+    // Until the first socket opens the page is connecting, not offline: nothing went wrong yet.
+    setStatus(false, "connecting…");
     function open() {
       const proto = location.protocol === "https:" ? "wss:" : "ws:";
       const ws = new WebSocket(proto + "//" + location.host + path);
@@ -113,6 +115,7 @@
   class StepChart {
     constructor(canvas, { stacked, title }) {
       this.stacked = stacked;
+      this.times = []; // before the chart: its first draw asks for the tick labels
       this.chart = new Chart(canvas, {
         type: "line",
         data: { datasets: [] },
@@ -123,7 +126,12 @@
           interaction: { mode: "nearest", axis: "x", intersect: false },
           elements: { point: { radius: 0 }, line: { borderWidth: 1.5 } },
           scales: {
-            x: { type: "linear", ticks: { callback: (v) => clock(v), maxTicksLimit: 8 } },
+            // No time points yet (the history is on its way): no labels, rather than the
+            // "00:00:00" of an axis that spans the first second of 1970.
+            // The axis ends at the data's end, "now", not at the next round tick after it, so
+            // the bands reach the right edge as time goes on.
+            x: { type: "linear", bounds: "data",
+                 ticks: { callback: (v) => (this.times.length ? clock(v) : ""), maxTicksLimit: 8 } },
             y: { stacked: stacked, beginAtZero: true, ticks: { precision: 0 },
                  title: { display: true, text: title || "slots" } },
           },
@@ -133,7 +141,6 @@
           },
         },
       });
-      this.times = [];
     }
 
     _dataset(key, label, index) {
@@ -167,6 +174,9 @@
     load(times, bands, now) {
       this.times = times.slice();
       const end = Math.max(now || Date.now(), times[times.length - 1] || 0);
+      // At least the last minute on the time axis: a new job's few seconds would otherwise
+      // spread over the chart with the same second written under several ticks.
+      this.chart.options.scales.x.suggestedMin = end - 60000;
       this.chart.data.datasets = bands.map((band, i) => {
         const ds = this._dataset(band.key, band.label, i);
         ds.data = times.map((t, j) => ({ x: t, y: band.data[j] }));
@@ -233,45 +243,6 @@
       }
       this.chart.update("none");
     }
-  }
-
-  /* A plain line chart fed point by point (metrics). */
-  class SeriesChart {
-    constructor(canvas, { x, y, y2, stepped }) {
-      this.stepped = stepped || {};
-      this.chart = new Chart(canvas, {
-        type: "line",
-        data: { datasets: [] },
-        options: {
-          animation: false, maintainAspectRatio: false, normalized: true,
-          elements: { point: { radius: 0 }, line: { borderWidth: 1.5 } },
-          interaction: { mode: "nearest", axis: "x", intersect: false },
-          scales: {
-            x: { type: "linear", title: { display: true, text: x } },
-            y: { title: { display: !!y, text: y || "" } },
-            y2: { position: "right", display: "auto", grid: { drawOnChartArea: false },
-                  title: { display: !!y2, text: y2 || "" } },
-          },
-          plugins: { legend: { position: "bottom" } },
-        },
-      });
-    }
-
-    add(name, x, y, axis) {
-      if (typeof y !== "number" || !Number.isFinite(y)) return;
-      let ds = this.chart.data.datasets.find((d) => d.label === name);
-      if (!ds) {
-        const c = PALETTE[this.chart.data.datasets.length % PALETTE.length];
-        ds = { label: name, data: [], borderColor: c, backgroundColor: c,
-               yAxisID: axis || "y", stepped: !!this.stepped[name] };
-        this.chart.data.datasets.push(ds);
-      }
-      ds.data.push({ x: x, y: y });
-    }
-
-    clear() { this.chart.data.datasets = []; }
-
-    draw() { this.chart.update("none"); }
   }
 
   // --- the cluster dashboard ------------------------------------------------------------
@@ -370,231 +341,15 @@
     setInterval(() => chart.tick(), 1000);
   }
 
-  // --- the job page -------------------------------------------------------------------------
-
-  const METRIC_META = new Set(["ts", "epoch", "iteration", "workers", "global_step",
-    "samples_per_s", "type", "job_id", "source", "seq", "samples", "duration_s"]);
-
-  function jobPage(root) {
-    const statusEl = document.querySelector("[data-live-status]");
-    const slots = new StepChart(document.getElementById("slots-chart"), { stacked: false });
-    const loss = new SeriesChart(document.getElementById("loss-chart"), { x: "step", y: "loss", y2: "metric" });
-    const perEpoch = new SeriesChart(document.getElementById("epoch-chart"), { x: "epoch", y: "loss", y2: "metric" });
-    const speed = new SeriesChart(document.getElementById("speed-chart"), { x: "step", y: "samples/s", y2: "workers", stepped: { workers: true } });
-    const logEl = root.querySelector("[data-log]");
-    const filterEl = root.querySelector("[data-log-filter]");
-    const eventsEl = root.querySelector("[data-events]");
-    const jobKey = root.dataset.ws.match(/(\d+)\/?$/)[1];
-    // What the page already shows, so that events overlapping the catch-up are not shown twice:
-    // events by stream id, metrics (one driver, in order) by time, log lines by the id of the
-    // last one shown (they arrive in stream order), which is also where a reconnect resumes.
-    let logMark = null;
-    let logLoaded = false;
-    let seenEvent = new Set();
-    let lastMetric = {};
-    let step = 0;
-    let ended = false; // the job reached a final state: it holds no slot from then on
-
-    const key = (ev) => ev.seq || ev.type + "|" + (ev.source || "") + "|" + Math.round((ev.ts || 0) * 1e6);
-
-    function addTrain(m) {
-      step = typeof m.global_step === "number" ? m.global_step : step + 1;
-      for (const [name, value] of Object.entries(m)) {
-        if (METRIC_META.has(name)) continue;
-        loss.add("train " + name, step, value, name === "loss" ? "y" : "y2");
-      }
-      speed.add("samples/s", step, m.samples_per_s, "y");
-      speed.add("workers", step, m.workers, "y2");
-    }
-
-    function addEpoch(m, prefix) {
-      for (const [name, value] of Object.entries(m)) {
-        if (METRIC_META.has(name) || name === "message") continue;
-        perEpoch.add(prefix + " " + name, m.epoch, value, name === "loss" ? "y" : "y2");
-      }
-    }
-
-    function applyFilter(line) {
-      const want = filterEl ? filterEl.value : "";
-      const lines = line ? [line] : logEl.querySelectorAll(".line");
-      lines.forEach((el) => el.classList.toggle("hidden", !!want && el.dataset.source !== want));
-    }
-
-    function addSource(source) {
-      if (!filterEl || !source) return;
-      if ([...filterEl.options].some((o) => o.value === source)) return;
-      const option = document.createElement("option");
-      option.value = option.textContent = source;
-      filterEl.appendChild(option);
-    }
-
-    function appendLog(rec) {
-      const stick = logEl.scrollTop + logEl.clientHeight >= logEl.scrollHeight - 8;
-      const line = document.createElement("span");
-      line.className = "line";
-      line.dataset.source = rec.source || "";
-      const src = document.createElement("span");
-      src.className = "src";
-      src.textContent = "[" + (rec.source || "?") + "]";
-      line.append(src, " " + (rec.line || "") + "\n");
-      logEl.appendChild(line);
-      addSource(rec.source);
-      applyFilter(line);
-      while (logEl.childElementCount > 2000) logEl.firstElementChild.remove();
-      if (stick) logEl.scrollTop = logEl.scrollHeight;
-    }
-
-    function appendEvent(ev) {
-      const li = document.createElement("li");
-      li.dataset.type = ev.type;
-      const time = document.createElement("time");
-      time.textContent = clock(msOf(ev));
-      const type = document.createElement("b");
-      type.textContent = ev.type;
-      const source = document.createElement("small");
-      source.textContent = ev.source || "";
-      li.append(time, " ", type, " " + (ev.message || describe(ev)) + " ", source);
-      eventsEl.appendChild(li);
-      eventsEl.scrollTop = eventsEl.scrollHeight;
-    }
-
-    function describe(ev) {
-      const skip = new Set(["type", "job_id", "source", "ts", "seq", "cluster", "traceback"]);
-      return Object.entries(ev).filter(([k]) => !skip.has(k))
-        .map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(" ");
-    }
-
-    function setText(selector, text) {
-      const el = root.querySelector(selector);
-      if (el) el.textContent = text;
-    }
-
-    function progress(epoch, iteration) {
-      return "epoch " + epoch + "/" + (root.dataset.epochs || "?") +
-        (iteration ? ", iteration " + iteration : "");
-    }
-
-    function setState(state) {
-      const el = root.querySelector("[data-state]");
-      if (!el || !state) return;
-      el.textContent = state;
-      el.className = "state state-" + state.toLowerCase();
-      if (ENDED.includes(state)) { ended = true; endControls(); }
-    }
-
-    /* An ended job takes no more orders: the page that watched it end drops its Stop button,
-     * its "stopping" note and its priority box (the priority stays, as text), as a reload would. */
-    function endControls() {
-      document.querySelectorAll("[data-live-control]").forEach((el) => {
-        if (el.dataset.value !== undefined) el.replaceWith(el.dataset.value); else el.remove();
-      });
-    }
-
-    /* Show one log record unless it is at or before the last one shown; lines without an id
-     * (ingested outside the event stream) cannot be placed, so they are always shown. */
-    function showLog(rec, id) {
-      if (id) {
-        if (logMark && !logIdAfter(id, logMark)) return;
-        logMark = id;
-      }
-      appendLog(rec);
-    }
-
-    function historyUrl(params) {
-      const url = new URL(root.dataset.historyUrl, location.href);
-      for (const [name, value] of Object.entries(params)) url.searchParams.set(name, value);
-      return url.toString();
-    }
-
-    async function history() {
-      // The first load shows the log's tail; a reconnect asks for the lines after the last one
-      // shown (all of them if none was), keeps what the page shows and follows the pages.
-      const resuming = logLoaded;
-      const h = await getJSON(resuming ? historyUrl({ log_after: logMark || "0" })
-                                       : root.dataset.historyUrl);
-      setState(h.job.state);
-      setText("[data-slots]", h.job.slots);
-      setText("[data-progress]", progress(h.job.epoch, h.job.iteration));
-      slots.load(h.chart.times, [
-        { key: jobKey, label: "slots granted", data: h.chart.slots },
-        { key: TRAINING, label: "workers training", data: h.chart.training || [] },
-      ], h.chart.now);
-      loss.clear(); perEpoch.clear(); speed.clear();
-      step = 0;
-      const latest = (rows) => rows.reduce((t, m) => Math.max(t, m.ts), -Infinity);
-      lastMetric = { "metrics.train": latest(h.metrics.train), "metrics.test": latest(h.metrics.test) };
-      h.metrics.train.forEach(addTrain);
-      h.metrics.test.forEach((m) => addEpoch(m, "test"));
-      h.metrics.epochs.forEach((m) => addEpoch(m, "train"));
-      loss.draw(); perEpoch.draw(); speed.draw();
-      eventsEl.replaceChildren();
-      seenEvent = new Set();
-      h.events.forEach((ev) => { appendEvent(ev); seenEvent.add(key(ev)); });
-      if (!resuming) { logEl.replaceChildren(); logMark = null; }
-      h.log.forEach((rec) => showLog(rec, rec.id));
-      let more = h.log_more;
-      while (more) {
-        const before = logMark;
-        const page = await getJSON(historyUrl({ log_after: logMark, only: "log" }));
-        page.log.forEach((rec) => showLog(rec, rec.id));
-        more = page.log_more && logMark !== before;
-      }
-      logLoaded = true;
-    }
-
-    function onEvent(ev) {
-      const t = ev.type;
-      if (t === "log") {
-        showLog(ev, ev.seq);
-        return;
-      }
-      if (t === "metrics.train" || t === "metrics.test") {
-        // The database keeps microseconds: anything up to the last stored one is shown already.
-        if (ev.ts <= (lastMetric[t] ?? -Infinity) + 1e-6) return;
-        lastMetric[t] = ev.ts;
-        if (t === "metrics.train") {
-          addTrain(ev); loss.draw(); speed.draw();
-          setText("[data-progress]", progress(ev.epoch == null ? "?" : ev.epoch + 1, ev.iteration));  // runtime counts from 0
-        } else {
-          addEpoch(ev, "test"); perEpoch.draw();
-        }
-        return;
-      }
-      if (seenEvent.has(key(ev))) return;
-      seenEvent.add(key(ev));
-      appendEvent(ev);
-      if (t === "epoch.end") { addEpoch(ev, "train"); perEpoch.draw(); }
-      if (t === "job.state") setState(ev.state);
-      // The dashboard's rule: an ended job holds no slot and trains no worker, whatever count
-      // its last events carried (the scheduler gives the slots back without an event).
-      const held = ended ? 0 : ev.slots;
-      if (typeof held === "number") {
-        setText("[data-slots]", held);
-        if (slots.value(jobKey) !== held) slots.set(jobKey, held, msOf(ev));
-      }
-      const training = ended ? 0
-        : t === "generation.changed" && typeof ev.size === "number" ? ev.size : null;
-      if (training !== null && slots.value(TRAINING) !== training) {
-        slots.set(TRAINING, training, msOf(ev));
-      }
-      if (t === "checkpoint.saved" || t === "model.saved") {
-        document.body.dispatchEvent(new CustomEvent("edt:results"));
-      }
-    }
-
-    if (filterEl) filterEl.addEventListener("change", () => applyFilter());
-    connect(root.dataset.ws, { onOpen: history, onEvent: onEvent, statusEl: statusEl });
-    setInterval(() => slots.tick(), 1000);
-  }
-
   function start() {
     const dash = document.querySelector("[data-dashboard]");
     if (dash) dashboard(dash);
-    const job = document.querySelector("[data-job-page]");
-    if (job) jobPage(job);
   }
 
-  window.EDTLive = { StepChart: StepChart, connect: connect };
+  // The job page (job_*.js) builds on the same pieces.
+  window.EDTLive = {
+    StepChart, connect, clock, msOf, getJSON, logIdAfter, PALETTE, TRAINING, ENDED,
+  };
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
 })();

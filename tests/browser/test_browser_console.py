@@ -77,9 +77,17 @@ def job_id_from(page: Page) -> str:
     return match.group(1)
 
 
-def assert_painted(page: Page, canvas: str, at_least: float) -> None:
-    share = page.evaluate(PAINTED_JS, canvas)
-    assert share >= at_least, f"chart {canvas} is nearly empty: {share:.1%} of it painted"
+def assert_painted(page: Page, canvas: str, at_least: float, timeout: float = 10) -> None:
+    """Waits for the chart to be drawn: the page changes a chart's data at once but redraws
+    it on a later animation frame, so data present is not yet data painted."""
+    painted = f"(id) => ({PAINTED_JS})(id) >= {at_least}"
+    try:
+        page.wait_for_function(painted, arg=canvas, timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        share = page.evaluate(PAINTED_JS, canvas)
+        raise AssertionError(
+            f"chart {canvas} is nearly empty after {timeout}s: {share:.1%} of it painted"
+        ) from None
 
 
 def train(page: Page, model: str, group: str, max_workers: int) -> str:
@@ -90,6 +98,37 @@ def train(page: Page, model: str, group: str, max_workers: int) -> str:
     page.click("button:has-text('Start training')")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
     return job_id_from(page)
+
+
+def register_dataset(page: Page) -> None:
+    """Step 7 of the tutorial: the dataset ``cifar10EDTpytorch`` of type Any, two folders."""
+    page.click("nav >> text=Datasets")
+    page.click("a:has-text('New')")
+    page.click("text=Any")
+    page.fill("#id_name", "cifar10EDTpytorch")
+    page.fill("#id_train_path", "cifar10/train_db")
+    page.fill("#id_test_path", "cifar10/test_db")
+    page.get_by_role("button", name="Create", exact=True).click()
+    page.wait_for_url(re.compile(r"/datasets/$"))
+
+
+def register_model(page: Page, location: str, epochs: int, batch_size: int | None = None) -> None:
+    """Step 8: the PyTorch model ``PytorchResnet`` in ``location``, engine Elastic Distributed
+    Training, trained on ``cifar10EDTpytorch``."""
+    page.click("nav >> text=Models")
+    page.click("a:has-text('New')")
+    page.click("button:has-text('Add Location')")
+    page.select_option("#id_framework", value="PyTorch")
+    page.fill("#id_name", "PytorchResnet")
+    page.fill("#id_location", location)
+    page.click("button:has-text('Next')")
+    page.select_option("#id_engine", label="Elastic Distributed Training")
+    page.select_option("#id_dataset", label="cifar10EDTpytorch")
+    page.fill("#id_epochs", str(epochs))
+    if batch_size is not None:
+        page.fill("#id_batch_size", str(batch_size))
+    page.get_by_role("button", name="Add", exact=True).click()
+    page.wait_for_url(re.compile(r"/models/$"))
 
 
 def drag_row_above(page: Page, dragged: str, target: str) -> None:
@@ -143,28 +182,9 @@ def test_the_seed_002_walkthrough_in_the_browser(page: Page, console, artifacts,
 
     # Steps 7 and 8: the data scientist registers the dataset and the model.
     log_in(page, "alice", console.password)
-    page.click("nav >> text=Datasets")
-    page.click("a:has-text('New')")
-    page.click("text=Any")
-    page.fill("#id_name", "cifar10EDTpytorch")
-    page.fill("#id_train_path", "cifar10/train_db")
-    page.fill("#id_test_path", "cifar10/test_db")
-    page.get_by_role("button", name="Create", exact=True).click()
-    page.wait_for_url(re.compile(r"/datasets/$"))
+    register_dataset(page)
     assert "cifar10EDTpytorch" in page.inner_text("table")
-
-    page.click("nav >> text=Models")
-    page.click("a:has-text('New')")
-    page.click("button:has-text('Add Location')")
-    page.select_option("#id_framework", value="PyTorch")
-    page.fill("#id_name", "PytorchResnet")
-    page.fill("#id_location", "pytorch-resnet")
-    page.click("button:has-text('Next')")
-    page.select_option("#id_engine", label="Elastic Distributed Training")
-    page.select_option("#id_dataset", label="cifar10EDTpytorch")
-    page.fill("#id_epochs", "10")
-    page.get_by_role("button", name="Add", exact=True).click()
-    page.wait_for_url(re.compile(r"/models/$"))
+    register_model(page, "pytorch-resnet", epochs=10)
     assert "PytorchResnet" in page.inner_text("table")
 
     # Step 9: the first training, max 8 workers, takes all 8 slots.
@@ -287,9 +307,9 @@ def test_a_job_page_updates_live_without_reload(page: Page, console, artifacts, 
     assert page.locator("#log .line:not(.hidden)", has_text="hello from worker 0").count() == 0
     assert page.evaluate("window.__notReloaded") is True
 
-    page.screenshot(path=str(artifacts / "job.png"), full_page=True)
     assert_painted(page, "slots-chart", 0.1)
     assert_painted(page, "loss-chart", 0.02)
+    page.screenshot(path=str(artifacts / "job.png"), full_page=True)
 
 
 def test_another_user_sees_nothing_of_a_job(page: Page, console, monkeypatch):

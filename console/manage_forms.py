@@ -1,0 +1,107 @@
+"""Forms of the pages that manage objects after they were created: editing a dataset or a
+model, and the admins' user pages. They check the shape of the input; the services check the
+rules again for every interface."""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+
+
+class DatasetEditForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    train_path = forms.CharField(label="Training folder", max_length=1024)
+    test_path = forms.CharField(label="Test folder", max_length=1024)
+
+    def __init__(self, *args, paths_locked: str = "", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # A locked path is shown, not posted: the service keeps it whatever a client sends.
+        if paths_locked:
+            for name in ("train_path", "test_path"):
+                field = self.fields[name]
+                field.disabled = True
+                field.help_text = paths_locked
+
+
+class ModelEditForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    dataset = forms.ModelChoiceField(
+        queryset=None, required=False,
+        help_text="The dataset new jobs of this model train on; running and ended jobs keep "
+                  "the one they were submitted with.",
+    )
+    hyper_parameters = forms.CharField(
+        label="Default hyper-parameters (JSON)", required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+        help_text='New jobs start from these, e.g. {"epochs": 5, "batch_size": 64}. Jobs '
+                  "submitted before keep theirs.",
+    )
+
+    def __init__(self, *args, datasets, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["dataset"].queryset = datasets
+
+    def clean_hyper_parameters(self) -> dict:
+        text = self.cleaned_data["hyper_parameters"].strip()
+        if not text:
+            return {}
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ValidationError(f"This is not valid JSON: {exc}.") from exc
+        if not isinstance(value, dict):
+            raise ValidationError('Give a JSON object, e.g. {"epochs": 5}.')
+        return value
+
+
+class UserCreateForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    email = forms.EmailField(required=False)
+    password = forms.CharField(
+        required=False, strip=False, widget=forms.PasswordInput(render_value=False),
+        help_text="Leave empty to have one generated and shown once.",
+    )
+    is_admin = forms.BooleanField(label="Administrator", required=False)
+
+    def clean_username(self) -> str:
+        username = self.cleaned_data["username"].strip()
+        users = get_user_model()
+        users.username_validator(username)
+        if users.objects.filter(username__iexact=username).exists():
+            raise ValidationError(f"A user named '{username}' exists already.")
+        return username
+
+    def clean(self) -> dict:
+        data = super().clean()
+        password = data.get("password")
+        if password:
+            probe = get_user_model()(username=data.get("username", ""), email=data.get("email"))
+            try:
+                validate_password(password, probe)
+            except ValidationError as exc:
+                self.add_error("password", exc)
+        return data
+
+
+class PasswordResetForm(forms.Form):
+    password = forms.CharField(
+        label="New password", required=False, strip=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Leave empty to have one generated and shown once.",
+    )
+
+    def __init__(self, *args, user, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.user = user
+
+    def clean_password(self) -> str:
+        password = self.cleaned_data["password"]
+        if password:
+            validate_password(password, self.user)
+        return password

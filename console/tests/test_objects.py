@@ -1,0 +1,458 @@
+"""Managing objects through the console (Django's test client, no JavaScript): the detail,
+edit and delete pages of datasets and models, deleting ended jobs with their files, the result
+tree, the results zip and the checkpoints list. Another user's objects are 404s; an admin
+manages everyone's."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from datasets.models import Dataset
+from jobs import states
+from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
+from jobs.services import job_submit
+from models.models import ModelDefinition
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quiet_channels")]
+
+
+@pytest.fixture
+def browser(client):
+    def sign_in(user):
+        client.force_login(user)
+        return client
+
+    return sign_in
+
+
+def _end(job: TrainingJob, state: str = states.FINISHED) -> TrainingJob:
+    TrainingJob.objects.filter(pk=job.pk).update(state=state)
+    job.refresh_from_db()
+    return job
+
+
+def _results(job: TrainingJob) -> Path:
+    """A result folder as a job leaves it: the saved model, a checkpoint with its manifest,
+    logs, the copy of its code and scratch space."""
+    root = Path(job.result_dir)
+    files = {
+        "model/model.onnx": b"onnx!",
+        "model/train/model_epoch_1.pth": b"epoch one",
+        "checkpoint/edt_state.pth": b"state two",
+        "checkpoint/edt_state.1.pth": b"state one",
+        "log/driver/stdout": b"hello from the driver\n",
+        "log/worker-0/stdout": b"hello from a worker\n",
+        "_submitted_code/resnet/main.py": b"print('hello')\n",
+        "tmp/cache.bin": b"scratch",
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    manifest = {"checkpoints": [
+        {"seq": 2, "file": "edt_state.pth", "bytes": 9, "epoch": 2, "ts": 1_700_000_100.0,
+         "position": {"epoch": 2, "step": 0, "global_step": 40}},
+        {"seq": 1, "file": "edt_state.1.pth", "bytes": 9, "epoch": 1, "ts": 1_700_000_000.0,
+         "position": {"epoch": 1, "step": 0, "global_step": 20}},
+        {"seq": 0, "file": "../../secret", "epoch": 0},
+    ]}
+    (root / "checkpoint" / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def _rows(job: TrainingJob, cluster) -> None:
+    JobEvent.objects.create(job=job, type="job.started", message="started")
+    JobMetric.objects.create(job=job, kind="train", epoch=1, values={"loss": 1.0})
+    SlotAllocation.objects.create(job=job, host=cluster["hosts"][0], slot=0)
+
+
+# --- datasets ------------------------------------------------------------------------------
+
+
+def test_a_dataset_page_shows_its_folders_files_models_and_jobs(browser, owner, dataset,
+                                                              model_def, job, roots):
+    (roots["alice"] / "cifar" / "train_db" / "batch_1.bin").write_bytes(b"x" * 10)
+    (roots["alice"] / "cifar" / "train_db" / "images").mkdir()
+    (roots["alice"] / "cifar" / "train_db" / "images" / "deep.png").write_bytes(b"png")
+    page = browser(owner).get(reverse("dataset", args=[dataset.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert dataset.train_path in html and "batch_1.bin" in html and "images/" in html
+    assert "deep.png" not in html, "a dataset's page lists its folders' own entries only"
+    assert reverse("model", args=[model_def.pk]) in html
+    assert reverse("job", args=[job.pk]) in html
+
+
+def test_another_users_dataset_cannot_be_seen_edited_or_deleted(browser, other, dataset):
+    client = browser(other)
+    for name in ("dataset", "dataset-edit", "dataset-delete"):
+        assert client.get(reverse(name, args=[dataset.pk])).status_code == 404, name
+    assert client.post(reverse("dataset-edit", args=[dataset.pk]),
+                       {"name": "stolen", "train_path": "x", "test_path": "y"}).status_code == 404
+    assert client.post(reverse("dataset-delete", args=[dataset.pk])).status_code == 404
+    dataset.refresh_from_db()
+    assert dataset.name == "cifar10EDTpytorch"
+
+
+def test_a_dataset_is_renamed_and_moved_within_the_owners_area(browser, owner, dataset, roots):
+    (roots["alice"] / "other" / "train").mkdir(parents=True)
+    response = browser(owner).post(reverse("dataset-edit", args=[dataset.pk]), {
+        "name": "cifar-renamed", "description": "ten classes",
+        "train_path": "other/train", "test_path": dataset.test_path})
+    assert response.status_code == 302
+    dataset.refresh_from_db()
+    assert (dataset.name, dataset.description) == ("cifar-renamed", "ten classes")
+    assert dataset.train_path == str(roots["alice"] / "other" / "train")
+
+
+def test_a_dataset_edit_refuses_another_users_folder_and_a_taken_name(browser, owner, dataset,
+                                                                    roots):
+    from datasets.services import dataset_create
+
+    dataset_create(owner=owner, name="taken", train_path=dataset.train_path,
+                   test_path=dataset.test_path)
+    response = browser(owner).post(reverse("dataset-edit", args=[dataset.pk]), {
+        "name": "taken", "train_path": str(roots["mallory"] / "cifar" / "train_db"),
+        "test_path": dataset.test_path})
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "taken" in " ".join(errors["name"])
+    dataset.refresh_from_db()
+    assert dataset.name == "cifar10EDTpytorch" and "alice" in dataset.train_path
+
+
+def test_a_dataset_a_job_trained_on_keeps_its_folders(browser, owner, dataset, job, roots):
+    from datasets.services import dataset_update
+
+    (roots["alice"] / "moved").mkdir()
+    page = browser(owner).get(reverse("dataset-edit", args=[dataset.pk]))
+    assert page.context["form"].fields["train_path"].disabled
+    # A client posting a new folder anyway changes the name, never the folder.
+    response = browser(owner).post(reverse("dataset-edit", args=[dataset.pk]), {
+        "name": "renamed", "train_path": "moved", "test_path": "moved"})
+    assert response.status_code == 302
+    dataset.refresh_from_db()
+    assert dataset.name == "renamed" and dataset.train_path.endswith("train_db")
+    with pytest.raises(Exception, match="trained on this dataset"):
+        dataset_update(dataset=dataset, user=owner, name="renamed", train_path="moved")
+
+
+def test_deleting_a_dataset_is_confirmed_and_refused_while_a_model_uses_it(browser, owner,
+                                                                         dataset, model_def):
+    client = browser(owner)
+    page = client.get(reverse("dataset-delete", args=[dataset.pk])).content.decode()
+    assert "cannot be deleted now" in page and reverse("model", args=[model_def.pk]) in page
+    assert "Delete the dataset" not in page
+    response = client.post(reverse("dataset-delete", args=[dataset.pk]), follow=True)
+    assert Dataset.objects.filter(pk=dataset.pk).exists()
+    assert "still in use" in response.content.decode()
+
+
+def test_an_unused_dataset_is_deleted_after_its_confirmation(browser, owner, dataset):
+    client = browser(owner)
+    page = client.get(reverse("dataset-delete", args=[dataset.pk])).content.decode()
+    assert "Delete dataset cifar10EDTpytorch?" in page and "folders stay on the disk" in page
+    response = client.post(reverse("dataset-delete", args=[dataset.pk]))
+    assert response.status_code == 302 and response.url == reverse("datasets")
+    assert not Dataset.objects.filter(pk=dataset.pk).exists()
+    assert Path(dataset.train_path).is_dir(), "a folder the user named is theirs"
+
+
+def test_a_dataset_goes_with_the_ended_jobs_that_trained_on_it(
+    browser, owner, dataset, model_def, job, roots, django_capture_on_commit_callbacks
+):
+    from datasets.services import dataset_create
+
+    _end(job)
+    root = _results(job)
+    other_data = dataset_create(owner=owner, name="other", train_path="cifar/train_db",
+                                test_path="cifar/test_db")
+    ModelDefinition.objects.filter(pk=model_def.pk).update(dataset=other_data)
+    client = browser(owner)
+    page = client.get(reverse("dataset-delete", args=[dataset.pk])).content.decode()
+    assert "1 ended job goes with it" in page and f"#{job.pk}" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reverse("dataset-delete", args=[dataset.pk]))
+    assert not Dataset.objects.filter(pk=dataset.pk).exists()
+    assert not TrainingJob.objects.filter(pk=job.pk).exists() and not root.exists()
+    assert ModelDefinition.objects.filter(pk=model_def.pk).exists()
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+def test_a_model_page_shows_its_files_and_the_jobs_trained_from_it(browser, owner, model_def,
+                                                                 job, roots):
+    os.symlink("/etc", roots["models"] / "resnet" / "escape")
+    html = browser(owner).get(reverse("model", args=[model_def.pk])).content.decode()
+    assert "main.py" in html and "(link, not followed)" in html
+    assert "passwd" not in html, "a link in the model folder was followed"
+    assert reverse("job", args=[job.pk]) in html
+    assert reverse("model-train", args=[model_def.pk]) in html
+
+
+def test_another_users_model_cannot_be_seen_edited_or_deleted(browser, other, model_def):
+    client = browser(other)
+    for name in ("model", "model-edit", "model-delete"):
+        assert client.get(reverse(name, args=[model_def.pk])).status_code == 404, name
+    assert client.post(reverse("model-delete", args=[model_def.pk])).status_code == 404
+    assert ModelDefinition.objects.filter(pk=model_def.pk).exists()
+
+
+def test_editing_a_model_changes_the_defaults_of_new_jobs_only(browser, owner, model_def, job,
+                                                             cluster):
+    response = browser(owner).post(reverse("model-edit", args=[model_def.pk]), {
+        "name": "resnet-v2", "description": "deeper", "dataset": model_def.dataset_id,
+        "hyper_parameters": '{"epochs": 7, "batch_size": 32}', "location": "/etc"})
+    assert response.status_code == 302 and response.url == reverse("model", args=[model_def.pk])
+    model_def.refresh_from_db()
+    assert model_def.name == "resnet-v2"
+    assert model_def.hyper_parameters == {"epochs": 7, "batch_size": 32}
+    assert model_def.location.endswith("resnet"), "the folder is not editable"
+    job.refresh_from_db()
+    assert job.hyper_parameters["epochs"] == 2, "a submitted job keeps its hyper-parameters"
+    new = job_submit(user=owner, model=model_def, instance_group=cluster["instance_group"])
+    assert new.hyper_parameters["epochs"] == 7
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+    ('{"epochs": -3}', "epochs"),
+])
+def test_bad_hyper_parameters_are_refused_on_their_field(browser, owner, model_def, text,
+                                                         problem):
+    response = browser(owner).post(reverse("model-edit", args=[model_def.pk]), {
+        "name": "resnet-edt", "dataset": model_def.dataset_id, "hyper_parameters": text})
+    assert response.status_code == 400
+    assert problem in " ".join(response.context["form"].errors["hyper_parameters"])
+    model_def.refresh_from_db()
+    assert model_def.hyper_parameters == {"epochs": 2, "batch_size": 16}
+
+
+def test_a_model_cannot_be_given_another_users_dataset(browser, owner, other, model_def, roots):
+    from datasets.services import dataset_create
+
+    theirs = dataset_create(owner=other, name="theirs", train_path="cifar/train_db",
+                            test_path="cifar/test_db")
+    response = browser(owner).post(reverse("model-edit", args=[model_def.pk]), {
+        "name": "resnet-edt", "dataset": theirs.pk, "hyper_parameters": "{}"})
+    assert response.status_code == 400 and "dataset" in response.context["form"].errors
+    model_def.refresh_from_db()
+    assert model_def.dataset_id != theirs.pk
+
+
+def test_a_model_with_a_running_job_is_not_deleted(browser, owner, model_def, job):
+    client = browser(owner)
+    page = client.get(reverse("model-delete", args=[model_def.pk])).content.decode()
+    assert f"Job <a href=\"{reverse('job', args=[job.pk])}\">#{job.pk}" in page
+    assert "stop it and wait for it to end first" in page
+    client.post(reverse("model-delete", args=[model_def.pk]))
+    assert ModelDefinition.objects.filter(pk=model_def.pk).exists()
+    assert TrainingJob.objects.filter(pk=job.pk).exists()
+
+
+def test_a_model_goes_with_its_ended_jobs_and_their_files(browser, owner, model_def, job,
+                                                        cluster,
+                                                        django_capture_on_commit_callbacks):
+    _end(job)
+    root = _results(job)
+    _rows(job, cluster)
+    client = browser(owner)
+    page = client.get(reverse("model-delete", args=[model_def.pk])).content.decode()
+    assert f"#{job.pk}" in page and "1 ended job goes with it" in page
+    events = JobEvent.objects.filter(job=job).count()
+    assert f"<b>{events}</b> events," in page and "<b>1</b> slot history row" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("model-delete", args=[model_def.pk]))
+    assert response.status_code == 302 and response.url == reverse("models")
+    assert not ModelDefinition.objects.filter(pk=model_def.pk).exists()
+    assert not TrainingJob.objects.filter(pk=job.pk).exists()
+    assert not JobEvent.objects.exists() and not SlotAllocation.objects.exists()
+    assert not root.exists()
+    assert Path(model_def.location, "main.py").is_file(), "a folder the user named is theirs"
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+def test_deleting_an_ended_job_names_what_goes_then_removes_it(browser, owner, job, cluster,
+                                                             django_capture_on_commit_callbacks):
+    _end(job, states.FAILED)
+    root = _results(job)
+    _rows(job, cluster)
+    client = browser(owner)
+    job_page = client.get(reverse("job", args=[job.pk])).content.decode()
+    assert reverse("job-delete", args=[job.pk]) in job_page
+    page = client.get(reverse("job-delete", args=[job.pk])).content.decode()
+    assert "<b>9</b> files" in page and "logs, checkpoints, saved model" in page
+    events = JobEvent.objects.filter(job=job).count()
+    assert f"<b>{events}</b> events," in page and "<b>1</b> metric row" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("job-delete", args=[job.pk]), follow=True)
+    assert response.redirect_chain[-1][0] == reverse("jobs")
+    assert f"Job {job.pk} resnet-edt deleted with its files." in response.content.decode()
+    assert not TrainingJob.objects.filter(pk=job.pk).exists()
+    assert not JobMetric.objects.exists() and not JobEvent.objects.exists()
+    assert not root.exists()
+    assert ModelDefinition.objects.filter(pk=job.model_id).exists()
+
+
+def test_a_running_job_is_not_deleted(browser, owner, job):
+    root = _results(job)
+    client = browser(owner)
+    page = client.get(reverse("job-delete", args=[job.pk])).content.decode()
+    assert "stop it and wait for it to end" in page and "Delete the job" not in page
+    assert reverse("job-delete", args=[job.pk]) not in client.get(
+        reverse("job", args=[job.pk])).content.decode()
+    response = client.post(reverse("job-delete", args=[job.pk]), follow=True)
+    assert "stop it and wait for it to end first" in response.content.decode()
+    assert TrainingJob.objects.filter(pk=job.pk).exists() and root.is_dir()
+
+
+def test_another_user_cannot_delete_a_job_and_an_admin_can(browser, other, admin, job,
+                                                         django_capture_on_commit_callbacks):
+    _end(job, states.KILLED)
+    assert browser(other).get(reverse("job-delete", args=[job.pk])).status_code == 404
+    assert browser(other).post(reverse("job-delete", args=[job.pk])).status_code == 404
+    assert TrainingJob.objects.filter(pk=job.pk).exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert browser(admin).post(reverse("job-delete", args=[job.pk])).status_code == 302
+    assert not TrainingJob.objects.filter(pk=job.pk).exists()
+
+
+def test_deleting_a_job_never_follows_a_link_out_of_its_folder(browser, owner, job, roots,
+                                                             django_capture_on_commit_callbacks):
+    _end(job)
+    root = _results(job)
+    outside = roots["tmp"] / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    os.symlink(outside, root / "log" / "linked-folder")
+    os.symlink(outside / "keep.txt", root / "model" / "linked-file")
+    with django_capture_on_commit_callbacks(execute=True):
+        browser(owner).post(reverse("job-delete", args=[job.pk]))
+    assert not root.exists()
+    assert (outside / "keep.txt").read_text() == "mine"
+
+
+def test_a_result_folder_the_product_did_not_make_is_left_alone(browser, owner, job, roots,
+                                                              django_capture_on_commit_callbacks):
+    elsewhere = roots["tmp"] / "somewhere-else"
+    (elsewhere / "model").mkdir(parents=True)
+    TrainingJob.objects.filter(pk=job.pk).update(state=states.FINISHED, result_dir=elsewhere)
+    with django_capture_on_commit_callbacks(execute=True):
+        browser(owner).post(reverse("job-delete", args=[job.pk]))
+    assert not TrainingJob.objects.filter(pk=job.pk).exists()
+    assert (elsewhere / "model").is_dir()
+
+
+# Real commits: the folder is removed when the delete commits, before the page answers.
+@pytest.mark.django_db(transaction=True)
+def test_files_the_job_made_unremovable_are_named_after_the_delete(browser, owner, job,
+                                                                  monkeypatch):
+    from jobs import services as job_services
+
+    _end(job)
+    _results(job)
+    monkeypatch.setattr(job_services, "remove_result_folder",
+                        lambda folder: [f"{folder}/log/locked: Permission denied"])
+    response = browser(owner).post(reverse("job-delete", args=[job.pk]), follow=True)
+    html = response.content.decode()
+    assert "1 file in the result folder could not be removed" in html
+    assert "log/locked: Permission denied" in html
+    assert not TrainingJob.objects.filter(pk=job.pk).exists()
+
+
+# --- results: tree, zip, checkpoints -------------------------------------------------------
+
+
+def test_results_show_as_a_tree_of_folders(browser, owner, job):
+    _results(job)
+    html = browser(owner).get(reverse("job-results", args=[job.pk])).content.decode()
+    assert html.count("<details") == 6  # model, model/train, checkpoint, log, log/driver, worker
+    assert '<span class="tree-folder">train/</span>' in html
+    assert reverse("job-result", args=[job.pk, "model/train/model_epoch_1.pth"]) in html
+    assert reverse("job-results-zip", args=[job.pk]) in html
+    assert "_submitted_code" not in html and "cache.bin" not in html
+
+
+def test_checkpoints_are_listed_with_epoch_step_time_and_a_download(browser, owner, job):
+    _results(job)
+    client = browser(owner)
+    html = client.get(reverse("job-results", args=[job.pk])).content.decode()
+    latest = reverse("job-result", args=[job.pk, "checkpoint/edt_state.pth"])
+    assert latest in html and "(global 40)" in html and "2023-11-14 22:15:00" in html
+    assert "secret" not in html, "a manifest entry naming a path outside was shown"
+    body = b"".join(client.get(latest).streaming_content)
+    assert body == b"state two"
+
+
+def test_the_results_zip_holds_the_results_and_logs_only(browser, owner, job, roots):
+    root = _results(job)
+    secret = roots["tmp"] / "secret.txt"
+    secret.write_text("SECRET")
+    os.symlink(secret, root / "model" / "leak.txt")
+    os.symlink(secret.parent, root / "log" / "leak-folder")
+    response = browser(owner).get(reverse("job-results-zip", args=[job.pk]))
+    assert response.status_code == 200 and response["Content-Type"] == "application/zip"
+    assert f"job-{job.pk}-results.zip" in response["Content-Disposition"]
+    with zipfile.ZipFile(io.BytesIO(b"".join(response.streaming_content))) as archive:
+        names = set(archive.namelist())
+        assert archive.read("model/model.onnx") == b"onnx!"
+        contents = [archive.read(name) for name in names]
+    assert names == {
+        "model/model.onnx", "model/train/model_epoch_1.pth", "checkpoint/edt_state.pth",
+        "checkpoint/edt_state.1.pth", "checkpoint/manifest.json", "log/driver/stdout",
+        "log/worker-0/stdout",
+    }
+    assert all(b"SECRET" not in data for data in contents)
+
+
+def test_the_results_zip_is_for_the_jobs_owner_and_admins(browser, other, admin, job, client):
+    _results(job)
+    url = reverse("job-results-zip", args=[job.pk])
+    assert browser(other).get(url).status_code == 404
+    client.logout()
+    assert client.get(url).status_code == 302
+    assert browser(admin).get(url).status_code == 200
+
+
+def test_a_job_without_results_has_no_zip(browser, owner, job):
+    response = browser(owner).get(reverse("job-results-zip", args=[job.pk]))
+    assert response.status_code == 404
+
+
+@pytest.mark.slow
+def test_the_results_zip_never_follows_links_a_running_job_swaps_in(browser, owner, job,
+                                                                   tmp_path):
+    """The race of ``tests/security/test_result_links.py`` against the console's zip: a real
+    process holding the result folder swaps files and folders for links to a secret while the
+    owner downloads the zip. No zip may carry the secret's marker."""
+    import uuid
+
+    from agent.processes import RunAs, prepare_job_dir
+    from tests.security import test_result_links as race
+
+    user = RunAs(race.JOB_UID, race.JOB_UID, "edt-user-test", isolated=True) \
+        if os.geteuid() == 0 else None
+    folder = prepare_job_dir(job, user)
+    marker = f"SECRET-{uuid.uuid4().hex}".encode()
+    secret, secret_dir = race._secret_tree(tmp_path, marker)
+    client = browser(owner)
+    proc = race._start_job(folder, secret, secret_dir)
+    try:
+        for _ in range(30):
+            response = client.get(reverse("job-results-zip", args=[job.pk]))
+            assert response.status_code in (200, 404)
+            if response.status_code == 200:
+                race._check_zip(b"".join(response.streaming_content), marker)
+    finally:
+        cycles = race._stop_job(proc)
+    assert cycles >= 10, f"the job swapped only {cycles} times: the race was not run"

@@ -1,0 +1,337 @@
+"""The job page of a long job, in a real browser against daphne and Redis: it stays responsive
+(no long task over 200 ms after load, measured with the Long Tasks API while live events keep
+arriving), its events are ordered and numbered like Progress, its log filters by rank and
+searches, a reload mid-job keeps the history, and no element is wider than the viewport.
+
+The job has its own one-host instance group, so the scheduler stand-in grants it slots without
+touching the other tests' group; its 10,000 steps of metrics are written to the database at
+once (as ingest would have, over hours), its events and log lines go through the events stream
+as a training process sends them."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from playwright.sync_api import Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+# Long tasks, as the page's own PerformanceObserver saw them (installed before any script):
+# the same observer as the bench's.
+from bench.job_page import OBSERVE_LONG_TASKS
+from tests.browser.test_browser_console import console_shell, log_in
+
+pytestmark = pytest.mark.browser
+
+STEPS = 10_000
+EPOCHS = 20
+STEPS_PER_EPOCH = STEPS // EPOCHS
+WORKERS = ["host-jp-slot0", "host-jp-slot1"]
+LONGEST_TASK_MS = 200
+
+# A running job of alice's in its own group, with STEPS steps of metrics already stored.
+SEED = """
+from datetime import timedelta
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from jobs.models import JobMetric, TrainingJob
+from jobs.services import job_submit
+from models.models import ModelDefinition
+from resources.models import Host, InstanceGroup, ResourceGroup
+host = Host.objects.create(name="host-jp", address="127.0.0.1", cpu_slots=2,
+                           last_heartbeat=timezone.now())
+rg = ResourceGroup.objects.create(name="job-page-rg", selection=ResourceGroup.Selection.STATIC)
+rg.hosts.set([host])
+ig = InstanceGroup.objects.create(name="job-page-ig", resource_group=rg)
+alice = get_user_model().objects.get(username="alice")
+model = ModelDefinition.objects.get(name="seed-model")
+job = job_submit(user=alice, model=model, instance_group=ig, max_workers=2, name="long job")
+start = timezone.now() - timedelta(seconds={steps} * 0.05 + 60)
+JobMetric.objects.bulk_create(
+    (JobMetric(job=job, kind="train", epoch=n // {per_epoch}, iteration=n % {per_epoch} + 1,
+               workers=2, values={{"loss": 2.0 / (1 + n / 100), "accuracy": min(0.99, n / {steps}),
+                                   "samples_per_s": 800.0 + n % 50, "global_step": n + 1}},
+               ts=start + timedelta(seconds=n * 0.05))
+     for n in range({steps})), batch_size=2000)
+TrainingJob.objects.filter(pk=job.pk).update(epochs={epochs}, epoch={epochs},
+                                              iteration={per_epoch} - 1)
+print(job.pk)
+"""
+STOP = """
+from django.utils import timezone
+from jobs.models import TrainingJob
+TrainingJob.objects.filter(pk={job}).update(stop_requested_at=timezone.now())
+"""
+
+# The points a metric chart holds (Chart.js's decimation draws fewer; the page keeps these).
+POINTS_JS = """([id, label]) => {
+  const chart = window.Chart && Chart.getChart(id);
+  const ds = chart && chart.data.datasets.find((d) => d.label === label);
+  if (!ds) return null;
+  const points = ds._data || ds.data;
+  return {count: points.length, last: points.length ? points[points.length - 1].x : null};
+}"""
+
+# Every element wider than the viewport, or sticking out of it, outside a scrolling box.
+OVERFLOW_JS = """() => {
+  const width = document.documentElement.clientWidth;
+  const scrolls = (el) => ["auto", "scroll", "hidden"].includes(getComputedStyle(el).overflowX);
+  const inScroller = (el) => {
+    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+      if (scrolls(p)) return true;
+    }
+    return false;
+  };
+  const wide = [];
+  for (const el of document.body.querySelectorAll("*")) {
+    const r = el.getBoundingClientRect();
+    if (!r.width || inScroller(el)) continue;
+    if (r.width > width + 1 || r.right > width + 1 || r.left < -1) {
+      wide.push(el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
+                (el.className && typeof el.className === "string" ? "." + el.className : "") +
+                " " + Math.round(r.left) + ".." + Math.round(r.right));
+    }
+  }
+  return {scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth,
+          wide: wide.slice(0, 10)};
+}"""
+
+
+class Stream:
+    """Sends events to the console's events stream as a training process does."""
+
+    def __init__(self, console, job: str) -> None:
+        self.client = redis.Redis.from_url(console.env["REDIS_URL"])
+        self.name = console.env["EDT_EVENTS_STREAM"]
+        self.job = job
+        self.step = STEPS
+
+    def send(self, *events: dict) -> None:
+        pipe = self.client.pipeline()
+        for event in events:
+            full = {"job_id": self.job, "source": "driver", "ts": time.time(), **event}
+            pipe.xadd(self.name, {"data": json.dumps(full)})
+        pipe.execute()
+
+    def steps(self, count: int) -> None:
+        """``count`` more training steps of the last epoch, each with a log line per worker."""
+        events = []
+        for _ in range(count):
+            self.step += 1
+            events.append({"type": "metrics.train", "epoch": EPOCHS - 1,
+                           "iteration": self.step - STEPS, "global_step": self.step,
+                           "loss": 0.1, "accuracy": 0.97, "samples_per_s": 810.0, "workers": 2})
+            for rank, worker in enumerate(WORKERS):
+                events.append({"type": "log", "source": f"worker:{worker}", "stream": "stdout",
+                               "line": f"rank {rank} step {self.step} loss 0.1"})
+        self.send(*events)
+
+
+def wait_for(page: Page, script: str, arg, what: str, timeout: float = 20) -> None:
+    try:
+        page.wait_for_function(script, arg=arg, timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"{what} within {timeout}s") from None
+
+
+def wait_for_last_step(page: Page, step: int, timeout: float = 20) -> None:
+    script = f"(step) => {{ const p = ({POINTS_JS})(['loss-chart', 'train loss']);" \
+             " return p && p.last >= step; }"
+    try:
+        page.wait_for_function(script, arg=step, timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        shown = page.evaluate(POINTS_JS, ["loss-chart", "train loss"])
+        raise AssertionError(f"the loss chart never reached step {step}: {shown}") from None
+
+
+def event_lines(page: Page, *, visible_only: bool = False) -> list[str]:
+    selector = "#events li:not([hidden])" if visible_only else "#events li"
+    return page.locator(selector).evaluate_all("items => items.map((li) => li.textContent)")
+
+
+@pytest.fixture(scope="module")
+def long_job(console):
+    job = console_shell(console, SEED.format(steps=STEPS, per_epoch=STEPS_PER_EPOCH,
+                                             epochs=EPOCHS)).split()[-1]
+    stream = Stream(console, job)
+    stream.send(
+        {"type": "generation.changed", "generation": 1, "size": 2, "previous_size": 0,
+         "members": WORKERS, "joined": WORKERS, "left": []},
+        *({"type": "worker.joined", "source": f"worker:{w}", "worker_id": w, "rank": rank,
+           "generation": 1} for rank, w in enumerate(WORKERS)),
+        *({"type": "log", "source": source, "stream": "stdout", "line": f"{source} line {n}"}
+          for n in range(100) for source in ("driver", *(f"worker:{w}" for w in WORKERS))),
+    )
+    # Epochs 1 to 19 ended, each with its checkpoint (the runtime counts epochs from 0).
+    for epoch in range(EPOCHS - 1):
+        stream.send({"type": "epoch.end", "epoch": epoch, "epochs": EPOCHS, "loss": 0.5,
+                     "global_step": (epoch + 1) * STEPS_PER_EPOCH},
+                    {"type": "checkpoint.saved", "epoch": epoch + 1, "path": "ckpt",
+                     "sha256": "0"})
+    yield job, stream
+    console_shell(console, STOP.format(job=job))
+
+
+def open_job_page(page: Page, console, job: str) -> None:
+    page.add_init_script(OBSERVE_LONG_TASKS)
+    log_in(page, "alice", console.password)
+    page.goto(f"/jobs/{job}/")
+    page.wait_for_selector("[data-live-status].on")
+    wait_for_last_step(page, STEPS)
+    wait_for(page, "() => document.querySelectorAll('#events li[data-type=\"epoch.end\"]')"
+             ".length >= 19", None, "the 19 epochs ended so far are not all listed")
+
+
+def test_a_long_jobs_page_has_no_long_task_while_events_arrive(page: Page, console, long_job,
+                                                              artifacts):
+    job, stream = long_job
+    open_job_page(page, console, job)
+    points = page.evaluate(POINTS_JS, ["loss-chart", "train loss"])
+    assert points["count"] <= 2000, f"the page holds {points['count']} points of one series"
+    loaded = page.evaluate("() => performance.now()")
+    # Live: 40 bursts of 10 steps (each with a log line per worker), the page's next frame
+    # awaited between bursts, as a fast job sends them.
+    for _ in range(40):
+        stream.steps(10)
+        wait_for_last_step(page, stream.step)
+    tasks = page.evaluate("(after) => window.__longTasks.filter((t) => t.start >= after)", loaded)
+    longest = max((t["ms"] for t in tasks), default=0)
+    print(f"job page long tasks after load: {len(tasks)}, longest {longest:.0f} ms, "
+          f"total {sum(t['ms'] for t in tasks):.0f} ms")
+    assert longest <= LONGEST_TASK_MS, f"long tasks after load: {tasks}"
+    page.screenshot(path=str(artifacts / "job-long.png"), full_page=True)
+
+
+def assert_epochs_in_order(page: Page) -> None:
+    """Epoch ends numbered 1 to 20 as Progress numbers them, each checkpoint after its epoch."""
+    lines = event_lines(page)
+    ends = [t for t in lines if " done" in t and "epoch.end" in t]
+    numbers = [int(t.split("Epoch ", 1)[1].split("/", 1)[0]) for t in ends]
+    assert numbers == list(range(1, EPOCHS + 1)), ends
+    for epoch in range(1, EPOCHS + 1):
+        done = next(i for i, t in enumerate(lines) if f"Epoch {epoch}/{EPOCHS} done" in t)
+        saved = next(i for i, t in enumerate(lines)
+                     if t.split("Checkpoint saved after epoch ", 1)[-1].startswith(f"{epoch} "))
+        assert done < saved, lines[done - 1:saved + 2]
+    assert f"epoch {EPOCHS}/{EPOCHS}" in page.inner_text("[data-progress]")
+
+
+def test_events_are_ordered_numbered_like_progress_and_filter_by_worker(page: Page, console,
+                                                                        long_job):
+    job, stream = long_job
+    open_job_page(page, console, job)
+    # The last epoch's checkpoint is announced before the epoch's end (another thread).
+    stream.send({"type": "checkpoint.saved", "epoch": EPOCHS, "path": "ckpt", "sha256": "0"})
+    stream.send({"type": "epoch.end", "epoch": EPOCHS - 1, "epochs": EPOCHS, "loss": 0.1,
+                 "global_step": STEPS})
+    wait_for(page, "() => document.querySelectorAll('#events li[data-type=\"epoch.end\"]')"
+             ".length >= 20", None, "the last epoch's end is not listed")
+    assert_epochs_in_order(page)
+    # And after a reload, from the database.
+    page.reload()
+    page.wait_for_selector("[data-live-status].on")
+    wait_for(page, "() => document.querySelectorAll('#events li[data-type=\"epoch.end\"]')"
+             ".length >= 20", None, "the events did not load again")
+    assert_epochs_in_order(page)
+    # More than the panel shows at once: it scrolls, and has followed to the newest.
+    wait_for(page, """() => { const el = document.getElementById("events");
+                 return el.scrollHeight > el.clientHeight + 50
+                   && el.scrollTop + el.clientHeight >= el.scrollHeight - 10; }""", None,
+             "the events panel does not scroll, or did not follow to the newest event")
+    page.select_option("[data-events-filter]", f"worker:{WORKERS[1]}")
+    visible = event_lines(page, visible_only=True)
+    assert visible and all(f"worker:{WORKERS[1]}" in t for t in visible), visible
+    assert len(visible) < len(event_lines(page))
+
+
+def test_the_log_filters_by_rank_and_searches(page: Page, console, long_job):
+    job, stream = long_job
+    open_job_page(page, console, job)
+    stream.steps(3)
+    wanted = f"step {stream.step} loss"
+    wait_for(page, "(text) => [...document.querySelectorAll('#log .line')]"
+             ".some((l) => l.textContent.includes(text))", wanted, "the new log lines not shown")
+    options = page.locator("[data-log-filter] option").all_inner_texts()
+    assert options[1:4] == ["driver", f"rank 0 · worker:{WORKERS[0]}",
+                            f"rank 1 · worker:{WORKERS[1]}"], options
+    page.select_option("[data-log-filter]", label=f"rank 1 · worker:{WORKERS[1]}")
+    sources = page.locator("#log .line:not(.hidden)").evaluate_all(
+        "lines => [...new Set(lines.map((l) => l.dataset.source))]")
+    assert sources == [f"worker:{WORKERS[1]}"], sources
+    page.fill("[data-log-search]", wanted)
+    shown = ".line:not(.hidden)"
+    wait_for(page, f"() => document.querySelectorAll('#log {shown}').length === 1", None,
+             "the search did not narrow the rank's lines to the one that matches")
+    assert page.inner_text(f"#log {shown}").strip() == \
+        f"[worker:{WORKERS[1]}] rank 1 {wanted} 0.1"
+    assert page.inner_text("#log mark") == wanted
+    assert page.inner_text("[data-log-count]").startswith("1 of ")
+    page.select_option("[data-log-filter]", "")
+    wait_for(page, f"() => document.querySelectorAll('#log {shown}').length === 2", None,
+             "the search over all sources did not find the line of each rank")
+
+
+def test_a_reload_mid_job_keeps_the_history(page: Page, console, long_job):
+    job, stream = long_job
+    open_job_page(page, console, job)
+    stream.steps(5)
+    wait_for_last_step(page, stream.step)
+    before = page.evaluate(POINTS_JS, ["loss-chart", "train loss"])
+    logs_before = page.locator("#log .line").count()
+    page.reload()
+    page.wait_for_selector("[data-live-status].on")
+    wait_for_last_step(page, stream.step)
+    after = page.evaluate(POINTS_JS, ["loss-chart", "train loss"])
+    assert after["last"] == before["last"] == stream.step
+    assert after["count"] >= 500, after  # the whole job, thinned, not only the live tail
+    assert page.locator("#log .line").count() >= min(logs_before, 500)
+    assert page.locator("#events li[data-type='epoch.end']").count() >= EPOCHS - 1
+    # And it goes on live after the reload.
+    stream.steps(3)
+    wait_for_last_step(page, stream.step)
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_the_job_page_fits_the_viewport(page: Page, console, long_job, artifacts, width):
+    job, _ = long_job
+    page.set_viewport_size({"width": width, "height": 900})
+    open_job_page(page, console, job)
+    page.screenshot(path=str(artifacts / f"job-page-{width}.png"), full_page=True)
+    fit = page.evaluate(OVERFLOW_JS)
+    assert fit["scrollWidth"] <= fit["innerWidth"] and not fit["wide"], fit
+
+
+@pytest.mark.usefixtures("long_job")  # its instance group, job-page-ig
+def test_a_new_jobs_page_says_connecting_then_live_with_empty_charts(page: Page, console,
+                                                                    artifacts):
+    submit = """
+from django.contrib.auth import get_user_model
+from jobs.services import job_submit
+from models.models import ModelDefinition
+from resources.models import InstanceGroup
+job = job_submit(user=get_user_model().objects.get(username="alice"),
+                 model=ModelDefinition.objects.get(name="seed-model"),
+                 instance_group=InstanceGroup.objects.get(name="job-page-ig"), max_workers=1,
+                 name="new job")
+print(job.pk)
+"""
+    job = console_shell(console, submit).split()[-1]
+    try:
+        log_in(page, "alice", console.password)
+        # The page as the server sends it, before any script ran.
+        html = page.request.get(f"/jobs/{job}/").text()
+        assert "data-live-status>connecting…<" in html
+        assert ">offline<" not in html
+        page.goto(f"/jobs/{job}/")
+        page.wait_for_selector("[data-live-status].on")
+        empty = page.locator("#loss-chart ~ [data-chart-empty]")
+        assert empty.is_visible() and "No training metrics yet" in empty.inner_text()
+        # The time axis spans the last moments, not the first second of 1970 ("00:00:00").
+        ticks = page.evaluate("""() => Chart.getChart('slots-chart').scales.x.ticks
+            .map((t) => [t.label, (Date.now() - t.value) / 1000])""")
+        assert ticks and all(label and -60 < age < 3600 for label, age in ticks), ticks
+        page.screenshot(path=str(artifacts / "job-page-new.png"), full_page=True)
+    finally:
+        console_shell(console, STOP.format(job=job))

@@ -1,0 +1,210 @@
+"""Managing objects in a real browser: a dataset and a model created, viewed, edited and
+deleted through their pages; an ended job's results downloaded as one zip, then the job
+deleted; an admin creating a user and an API token. Each page is kept as a screenshot under
+``test-artifacts/objects-*.png`` and checked for horizontal overflow, wide and narrow."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import urllib.request
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from tests.browser.test_browser_console import console_shell, log_in, log_out
+
+pytestmark = pytest.mark.browser
+
+FITS_JS = "() => document.documentElement.scrollWidth <= window.innerWidth"
+# The outermost elements that reach past the window's right edge, to say what overflows.
+TOO_WIDE_JS = """() => [...document.querySelectorAll("body *")]
+  .filter((el) => el.getBoundingClientRect().right > window.innerWidth + 1)
+  .filter((el) => !el.parentElement.closest("*") ||
+    el.parentElement.getBoundingClientRect().right <= window.innerWidth + 1)
+  .slice(0, 5)
+  .map((el) => `${el.tagName.toLowerCase()}.${el.className} ` +
+    `${Math.round(el.getBoundingClientRect().right)}px`)"""
+NARROW = {"width": 390, "height": 844}
+WIDE = {"width": 1400, "height": 1000}
+
+# An ended job of alice's on the seeded model, with the files a finished job leaves.
+ENDED_JOB = """
+import json
+from pathlib import Path
+from django.contrib.auth import get_user_model
+from jobs import jobfiles
+from jobs.models import TrainingJob
+from models.models import ModelDefinition
+alice = get_user_model().objects.get(username="alice")
+model = ModelDefinition.objects.get(owner=alice, name="seed-model")
+job = TrainingJob.objects.create(owner=alice, model=model, dataset=model.dataset,
+    instance_group_id={group}, name="{name}", state="FINISHED", epochs=2, epoch=2)
+root = jobfiles.result_folder(job.pk)
+job.result_dir = str(root)
+job.save(update_fields=["result_dir"])
+files = {{"model/model.onnx": b"onnx!", "checkpoint/edt_state.pth": b"state",
+          "log/driver/stdout": b"hello\\n", "log/worker-0/stdout": b"hi\\n"}}
+for rel, data in files.items():
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_bytes(data)
+(root / "checkpoint" / "manifest.json").write_text(json.dumps({{"checkpoints": [
+    {{"seq": 1, "file": "edt_state.pth", "bytes": 5, "epoch": 2, "ts": 1700000000.0,
+      "position": {{"epoch": 2, "step": 0, "global_step": 12}}}}]}}))
+print(job.pk, root)
+"""
+SEED_GROUP = """
+from resources.models import InstanceGroup
+print(InstanceGroup.objects.get(name="seed-ig").pk)
+"""
+
+
+def check_page(page: Page, artifacts: Path, name: str) -> None:
+    """A screenshot of the page, and no horizontal scrolling, wide and on a phone."""
+    for size, suffix in ((WIDE, ""), (NARROW, "-narrow")):
+        page.set_viewport_size(size)
+        # Charts resize a frame or two after the window does: wait (bounded) for the layout.
+        try:
+            page.wait_for_function(FITS_JS, timeout=5_000)
+        except PlaywrightTimeout:
+            wide, window = page.evaluate(
+                "() => [document.documentElement.scrollWidth, window.innerWidth]")
+            raise AssertionError(f"{name}{suffix} is {wide}px wide in a {window}px window; "
+                                 f"too wide: {page.evaluate(TOO_WIDE_JS)}") from None
+        page.screenshot(path=str(artifacts / f"objects-{name}{suffix}.png"), full_page=True)
+    page.set_viewport_size(WIDE)
+
+
+def test_a_dataset_and_a_model_are_created_viewed_edited_and_deleted(page: Page, console,
+                                                                     artifacts):
+    tag = uuid.uuid4().hex[:6]
+    log_in(page, "alice", console.password)
+    page.goto("/datasets/new/any/")
+    page.fill("#id_name", f"objects-data-{tag}")
+    page.fill("#id_train_path", "seed/train")
+    page.fill("#id_test_path", "seed/test")
+    page.get_by_role("button", name="Create", exact=True).click()
+    page.wait_for_url(re.compile(r"/datasets/$"))
+    page.click(f"a:has-text('objects-data-{tag}')")
+    page.wait_for_url(re.compile(r"/datasets/\d+/$"))
+    assert "seed/train" in page.inner_text("main")
+    check_page(page, artifacts, "dataset")
+
+    page.click("a:has-text('Edit')")
+    page.fill("#id_name", f"objects-data-{tag}-v2")
+    page.fill("#id_description", "renamed in the browser")
+    check_page(page, artifacts, "dataset-edit")
+    page.click("button:has-text('Save')")
+    page.wait_for_url(re.compile(r"/datasets/\d+/$"))
+    assert f"objects-data-{tag}-v2" in page.inner_text("h1")
+    assert "renamed in the browser" in page.inner_text("main")
+
+    # A model on that dataset, then its page, its edit and its deletion.
+    page.goto("/models/new/")
+    page.click("button:has-text('Add Location')")
+    page.fill("#id_name", f"objects-model-{tag}")
+    page.fill("#id_location", "seed-model")
+    page.click("button:has-text('Next')")
+    page.select_option("#id_dataset", label=f"objects-data-{tag}-v2")
+    page.fill("#id_epochs", "3")
+    page.get_by_role("button", name="Add", exact=True).click()
+    page.wait_for_url(re.compile(r"/models/$"))
+    page.click(f"a:has-text('objects-model-{tag}')")
+    page.wait_for_url(re.compile(r"/models/\d+/$"))
+    assert "main.py" in page.inner_text("main")
+    check_page(page, artifacts, "model")
+
+    page.click("a:has-text('Edit')")
+    page.fill("#id_hyper_parameters", '{"epochs": 9, "batch_size": 32}')
+    check_page(page, artifacts, "model-edit")
+    page.click("button:has-text('Save')")
+    page.wait_for_url(re.compile(r"/models/\d+/$"))
+    assert "epochs=9" in page.inner_text("main")
+
+    # The dataset cannot go while the model uses it: the page says which model.
+    page.goto("/datasets/")
+    page.click(f"[aria-label='Delete dataset objects-data-{tag}-v2']")
+    assert "cannot be deleted now" in page.inner_text("main")
+    assert page.locator(f"main a:has-text('objects-model-{tag}')").count() == 1
+    check_page(page, artifacts, "dataset-delete-refused")
+
+    page.goto("/models/")
+    page.click(f"[aria-label='Delete model objects-model-{tag}']")
+    assert "Delete model" in page.inner_text("h1")
+    check_page(page, artifacts, "model-delete")
+    page.click("button:has-text('Delete the model')")
+    page.wait_for_url(re.compile(r"/models/$"))
+    assert f"objects-model-{tag}" not in page.inner_text("table")
+
+    page.goto("/datasets/")
+    page.click(f"[aria-label='Delete dataset objects-data-{tag}-v2']")
+    page.click("button:has-text('Delete the dataset')")
+    page.wait_for_url(re.compile(r"/datasets/$"))
+    assert f"objects-data-{tag}" not in page.inner_text("table")
+
+
+def test_an_ended_jobs_results_are_zipped_then_the_job_is_deleted(page: Page, console,
+                                                                  artifacts):
+    group = console_shell(console, SEED_GROUP).split()[-1]
+    name = f"ended-{uuid.uuid4().hex[:6]}"
+    job, root = console_shell(console, ENDED_JOB.format(group=group, name=name)).split()[-2:]
+    log_in(page, "alice", console.password)
+    page.goto(f"/jobs/{job}/")
+    page.wait_for_selector("#results >> text=edt_state.pth")
+    assert "(global 12)" in page.inner_text("#results")
+    check_page(page, artifacts, "job-ended")
+
+    with page.expect_download() as download:
+        page.click("[data-results-zip]")
+    with zipfile.ZipFile(io.BytesIO(Path(download.value.path()).read_bytes())) as archive:
+        assert archive.read("model/model.onnx") == b"onnx!"
+        assert {"checkpoint/edt_state.pth", "log/driver/stdout"} <= set(archive.namelist())
+
+    page.click("[data-job-delete]")
+    page.wait_for_url(re.compile(rf"/jobs/{job}/delete/$"))
+    assert "logs, checkpoints, saved model" in page.inner_text("main")
+    check_page(page, artifacts, "job-delete")
+    page.click("button:has-text('Delete the job and its files')")
+    page.wait_for_url(re.compile(r"/jobs/$"))
+    assert f"Job {job}" in page.inner_text("#messages")
+    assert not Path(root).exists(), "the job's result folder is still on disk"
+    assert page.request.get(f"/jobs/{job}/").status == 404
+
+
+def test_an_admin_creates_a_user_and_an_api_token(page: Page, console, artifacts):
+    username = f"bob{uuid.uuid4().hex[:6]}"
+    log_in(page, "admin", console.password)
+    page.click("nav >> text=Users")
+    page.wait_for_url(re.compile(r"/users/$"))
+    page.click("a:has-text('New user')")
+    page.fill("#id_username", username)
+    check_page(page, artifacts, "user-new")
+    page.click("button:has-text('Create')")
+    password = page.inner_text("[data-secret=password]")
+    assert len(password) >= 12
+    check_page(page, artifacts, "user-created")
+
+    page.goto("/users/")
+    row = page.locator(f"tr[data-user='{username}']")
+    row.locator("button:has-text('Create token')").click()
+    token = page.inner_text("[data-secret=token]")
+    # Outside the browser, with the token alone (no session cookie).
+    url = f"{console.url}/api/v1/jobs/"
+    request = urllib.request.Request(url, headers={"Authorization": f"Token {token}"})  # noqa: S310
+    with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - local URL
+        assert answer.status == 200 and "results" in json.load(answer)
+    page.goto("/users/")
+    check_page(page, artifacts, "users")
+    log_out(page)
+
+    # The new user signs in with the password shown once and finds their token.
+    log_in(page, username, password)
+    page.goto("/account/")
+    assert page.inner_text("[data-secret=token]") == token
+    check_page(page, artifacts, "my-account")
+    assert page.request.get("/users/").status == 403
