@@ -178,6 +178,46 @@ def test_it_survives_a_worker_killed_mid_iteration(tmp_path: Path, model: str,
     assert_every_sample_once(tmp_path, SAMPLES, 2)
 
 
+@pytest.mark.slow
+def test_it_goes_on_when_rank_0_dies_handing_out_the_first_state(tmp_path: Path,
+                                                                 reference: Path) -> None:
+    """Rank 0 of the first generation is SIGKILLed while it reads the state it is about to
+    broadcast, the others waiting for it. Nobody has trained a step: the survivors form the
+    next generation, one hands out its own (identical) initial state, and a replacement
+    joins them as it would any job."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="3",
+                   EDT_PEER_TIMEOUT_S="4", TEST_HOLD_DIR=str(hold), TEST_HOLD_STATE="1",
+                   TEST_HOLD_AT="0:3")
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        for w in ("w0", "w1", "w2"):
+            job.add_worker(w)
+        held = wait_until(lambda: next(iter(hold.glob("at-state-*")), None), "rank 0 held")
+        victim = held.name.removeprefix("at-state-")
+        status = job.status()
+        assert (status["generation"], status["members"][0]) == (1, victim), status
+        for w in ("w0", "w1", "w2"):
+            (hold / f"go-state-{w}").touch()  # later reads of the state pass
+        job.kill_worker(victim)
+        # The survivors train, and are held in step 3 until the replacement has registered.
+        wait_until((hold / "at-0-3").exists, "the survivors in step 3", timeout=60)
+        job.add_worker("w3")
+        wait_until(lambda: "w3" in job.status()["joining"], "w3 registered", timeout=60)
+        (hold / "go-0-3").touch()
+        wait_for_step(tmp_path, lambda r: r["size"] == 3, "the replacement training",
+                      timeout=60)
+        assert job.wait(150) == 0, driver_log(tmp_path)
+    rows = steps(tmp_path)
+    assert rows[0]["size"] == 2 and (rows[0]["epoch"], rows[0]["batch"]) == (0, 0), rows[0]
+    assert _first_step_at(tmp_path, 3)["batch"] == 4
+    left = {e["worker_id"]: e["reason"] for e in events(tmp_path) if e["type"] == "worker.left"}
+    assert left[victim] == "lost"
+    assert_same_training(tmp_path, reference)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+
+
 def _first_step_at(result_dir: Path, size: int) -> dict:
     return next(r for r in steps(result_dir) if r["size"] == size)
 
