@@ -48,19 +48,15 @@ class Bucket:
         self.stats = self.flat[size:] if n_stats else None
         self.waiting = len(params)
 
-    def point_grads(self) -> None:
-        for p, view in self.views:
-            if p.grad is not view:
-                p.grad = view
-
     def gather(self) -> None:
-        """Take in gradients that code replaced (``zero_grad`` in a ``fn_step_train``)."""
+        """Copy this step's gradients into the buffer, and point each ``p.grad`` at its
+        slice, where the optimizer then finds the group's sum."""
         for p, view in self.views:
             if p.grad is None:
-                p.grad = view  # unused this step: its slice is still zero
+                view.zero_()  # unused this step
             elif p.grad is not view:
                 view.copy_(p.grad)
-                p.grad = view
+            p.grad = view
 
 
 def _buckets_of(params: list[torch.nn.Parameter]) -> list[list[torch.nn.Parameter]]:
@@ -107,16 +103,16 @@ class GradientBuckets:
 
     # -- a step ----------------------------------------------------------------------
     def zero(self, world: int) -> None:
-        """Zero the buffers and point every ``p.grad`` back at its view; any collective of
-        a failed step is forgotten."""
+        """Drop the gradients, so that backward hands over fresh ones (as ``zero_grad``
+        does; accumulating into a zeroed buffer would cost two more passes over every
+        gradient); any collective of a failed step is forgotten."""
         self._works, self._armed, self._error, self._payload = [], False, None, None
-        if world == 1:
-            self.optimizer.zero_grad(set_to_none=True)
-            return
-        for b in self.buckets:
-            b.flat.zero_()
-            b.point_grads()
-            b.waiting = len(b.views)
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None  # parameters the optimizer does not hold too
+        if world > 1:
+            for b in self.buckets:
+                b.waiting = len(b.views)
 
     def seal(self, payload: torch.Tensor, world: int, overlap: bool) -> None:
         """The step's sums (float64) are final; with ``overlap``, the coming backward starts

@@ -66,25 +66,29 @@ def test_the_folded_index_sum_stays_exact_in_a_float32_buffer() -> None:
     assert back.tolist() == stats.sums.tolist()
 
 
-def test_gradient_buckets_reduce_in_place_and_take_back_replaced_gradients(
+def test_gradient_buckets_take_backwards_fresh_gradients_into_the_buffer(
         one_process_group) -> None:
     model, opt = _model_and_opt()
     params = list(model.parameters())
-    stats = StepStats(0)
-    buckets = GradientBuckets(params, opt, len(stats))
-    buckets.zero(world=2)
+    buckets = GradientBuckets(params, opt, len(StepStats(0)))
     views = {p: view for b in buckets.buckets for p, view in b.views}
-    assert all(p.grad is views[p] for p in params)
-    model(torch.ones(1, 3)).sum().backward()
-    params[1].grad = torch.full_like(params[1], 7.0)  # user code replaced one gradient
-    stats.add([1, 2], 1.0, [])
-    buckets.seal(stats.sums, world=2, overlap=False)
-    stats.load(buckets.finish(world=2, device=torch.device("cpu")))
-    assert params[1].grad is views[params[1]]
-    assert torch.equal(views[params[1]], torch.full_like(params[1], 7.0))
-    assert stats.samples == 2 and stats.index_sum == 3
-    buckets.zero(world=2)
-    assert all(not v.any() for v in views.values())
+    for step in range(2):
+        buckets.zero(world=2)
+        assert all(p.grad is None for p in params)  # backward hands over fresh tensors
+        model(torch.ones(1, 3)).sum().backward()
+        params[1].grad = torch.full_like(params[1], 7.0)  # user code replaced one gradient
+        if step == 1:
+            params[0].grad = None  # unused this step: last step's sum must not stay
+        want = {p: torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params}
+        stats = StepStats(0)
+        stats.add([1, 2], 1.0, [])
+        buckets.seal(stats.sums, world=2, overlap=False)
+        stats.load(buckets.finish(world=2, device=torch.device("cpu")))
+        # The optimizer finds the group's sums (a group of one here) in the buffer.
+        for p in params:
+            assert p.grad is views[p] and torch.equal(p.grad, want[p]), (step, p.shape)
+        assert stats.samples == 2 and stats.index_sum == 3
+        assert views[params[0]].any() == (step == 0)  # filled, then emptied
 
 
 def test_alone_the_gradients_are_backwards_own_tensors() -> None:
