@@ -82,8 +82,11 @@
       if (typeof y !== "number" || !Number.isFinite(y)) return;
       if (typeof x !== "number" || !Number.isFinite(x)) return;
       const points = this.points.get(name) || this._series(name, axis);
-      const last = points[points.length - 1];
-      if (last && x < last.x) return; // decimation needs x in order: a late point is dropped
+      // A job resumed from a checkpoint redoes the steps after it: the redone steps replace
+      // the first tries (decimation also needs the points in order of x).
+      let keep = points.length;
+      while (keep > 0 && points[keep - 1].x >= x) keep--;
+      points.length = keep;
       points.push({ x: x, y: y });
       if (points.length > MAX_POINTS) thin(points);
     }

@@ -115,14 +115,15 @@ class Stream:
             pipe.xadd(self.name, {"data": json.dumps(full)})
         pipe.execute()
 
-    def steps(self, count: int) -> None:
+    def steps(self, count: int, loss: float = 0.1) -> None:
         """``count`` more training steps of the last epoch, each with a log line per worker."""
         events = []
         for _ in range(count):
             self.step += 1
             events.append({"type": "metrics.train", "epoch": EPOCHS - 1,
                            "iteration": self.step - STEPS, "global_step": self.step,
-                           "loss": 0.1, "accuracy": 0.97, "samples_per_s": 810.0, "workers": 2})
+                           "loss": loss, "accuracy": 0.97, "samples_per_s": 810.0,
+                           "workers": 2})
             for rank, worker in enumerate(WORKERS):
                 events.append({"type": "log", "source": f"worker:{worker}", "stream": "stdout",
                                "line": f"rank {rank} step {self.step} loss 0.1"})
@@ -291,6 +292,40 @@ def test_a_reload_mid_job_keeps_the_history(page: Page, console, long_job):
     # And it goes on live after the reload.
     stream.steps(3)
     wait_for_last_step(page, stream.step)
+
+
+# The last points of the train loss series, and whether all its steps are in order.
+TAIL_JS = """() => {
+  const ds = Chart.getChart('loss-chart').data.datasets.find((d) => d.label === 'train loss');
+  const points = ds._data || ds.data;
+  return {tail: points.slice(-3).map((p) => [p.x, p.y]),
+          ordered: points.every((p, i) => i === 0 || points[i - 1].x < p.x)};
+}"""
+
+
+def test_steps_redone_after_a_resume_replace_their_first_tries(page: Page, console, long_job):
+    """A job resumed from its checkpoint trains the steps after it again: the chart shows the
+    redone steps in place of the first tries, live and after a reload, never a line going
+    back."""
+    job, stream = long_job
+    open_job_page(page, console, job)
+    stream.steps(6)
+    wait_for_last_step(page, stream.step)
+    first_try_end = stream.step
+    stream.step -= 4  # the checkpoint was 4 steps back
+    stream.steps(2, loss=0.3)
+    redone = [[stream.step - 1, 0.3], [stream.step, 0.3]]
+    shown = "() => { const t = (%s)(); return t.tail[2][0] === %d && t.tail[2][1] === 0.3; }"
+    wait_for(page, shown % (TAIL_JS, stream.step), None, "the redone steps drawn")
+    live = page.evaluate(TAIL_JS)
+    assert live["ordered"] and live["tail"][1:] == redone, live
+    assert live["tail"][0][0] == first_try_end - 4, live  # the tries after it are gone
+    page.reload()
+    page.wait_for_selector("[data-live-status].on")
+    wait_for(page, shown % (TAIL_JS, stream.step), None, "the redone steps after a reload")
+    # The history is thinned, so of the redone steps only the last is sure to be sent.
+    reloaded = page.evaluate(TAIL_JS)
+    assert reloaded["ordered"] and reloaded["tail"][-1] == redone[-1], reloaded
 
 
 @pytest.mark.parametrize("width", [1400, 390])
