@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .process_group import all_reduce_cpu, collective
+from .process_group import all_reduce_cpu, collective, wait_for
 
 # DDP's sizes: a small first bucket, so that communication starts early in backward.
 FIRST_BUCKET_BYTES = 1 << 20
@@ -140,7 +140,7 @@ class GradientBuckets:
                 raise self._error
             self._start_ready(everything=True)
             for work in self._works:
-                work.wait()
+                wait_for(work)
             stats = self.buckets[-1].stats if self.buckets else None
             if stats is not None:
                 return _unpack(stats.to("cpu", torch.float64))

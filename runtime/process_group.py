@@ -12,7 +12,9 @@ this generation is gone, :func:`abort_group` gets this process out of whatever c
 it is in at once. nccl can abort a communicator. gloo cannot (its ``abort`` does nothing,
 and a peer that destroys its side does not release a member blocked on it), so the group's
 own sockets are shut down under it: its blocked receive fails as if the peer had reset the
-connection, and so does every peer still connected to those sockets.
+connection, and so does every peer still connected to those sockets. That does not release
+every receive (eight members, rank 0 killed mid-broadcast left three waiting), so a wait on a
+gloo collective is also cut in slices that look whether the group was aborted (:func:`wait_for`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ import torch.distributed as dist
 from .errors import PeerFailure
 
 _COLLECTIVE_ERRORS = (RuntimeError, dist.DistBackendError)
+# How often a wait on a gloo collective looks whether its group was aborted meanwhile, and
+# what torch says when such a slice is over.
+_ABORT_POLL = datetime.timedelta(milliseconds=200)
+_SLICE_OVER = "Operation timed out!"
+# Collectives given up on, with their groups (see _abandon).
+_abandoned: list[tuple[Any, Any]] = []
 _SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 
 
@@ -196,17 +204,65 @@ def collective(what: str = "") -> Iterator[None]:
         raise PeerFailure(f"{what}{_first_line(exc)}") from exc
 
 
+def wait_for(work: Any) -> None:
+    """Wait for an asynchronous collective of the current group; :class:`PeerFailure` as soon
+    as that group is aborted.
+
+    Shutting a gloo group's sockets fails the receives already posted on them, but not one
+    posted afterwards (the second half of a broadcast, an all-reduce started just as the
+    abort came): that one would wait for the collective's own timeout. So the wait is cut
+    in slices, and between them it looks whether the group is still the current one."""
+    generation = _current.generation
+    if _current.backend == "nccl":
+        work.wait()  # nccl's abort fails its waits itself
+        return
+    while True:
+        try:
+            work.wait(timeout=_ABORT_POLL)
+            return
+        except RuntimeError as exc:
+            if str(exc) != _SLICE_OVER:
+                raise
+        if generation is None or _current.generation != generation:
+            _abandon(work)
+            raise PeerFailure("the group was aborted: a member is lost")
+
+
+def _abandon(work: Any) -> None:
+    """Keep a collective that will never complete, and its group, referenced for good: their
+    destructors would wait for gloo's threads, which wait for the collective's timeout."""
+    group = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    _abandoned.append((work, group))
+
+
+def _device() -> torch.device:
+    if _current.backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_cpu(stats: torch.Tensor, device: torch.device) -> None:
     """Sum a CPU tensor over the group through ``device`` (nccl reduces only GPU tensors)."""
     with collective():
         on_device = stats.to(device)
-        dist.all_reduce(on_device)
+        wait_for(dist.all_reduce(on_device, async_op=True))
         stats.copy_(on_device.cpu())
 
 
 def broadcast_blob(blob: bytes | None, rank: int) -> bytes | None:
-    """Rank 0's ``blob``, on every member."""
-    obj = [blob if rank == 0 else None]
+    """Rank 0's ``blob``, on every member: its length, then its bytes."""
+    device = _device()
     with collective("state broadcast: "):
-        dist.broadcast_object_list(obj, src=0)
-    return obj[0]
+        size = torch.tensor([len(blob) if rank == 0 and blob is not None else -1],
+                            dtype=torch.int64, device=device)
+        wait_for(dist.broadcast(size, src=0, async_op=True))
+        n = int(size.item())
+        if n < 0:
+            return None
+        if rank == 0:
+            data = torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(device)
+        else:
+            data = torch.empty(n, dtype=torch.uint8, device=device)
+        if n:
+            wait_for(dist.broadcast(data, src=0, async_op=True))
+        return blob if rank == 0 else data.cpu().numpy().tobytes()

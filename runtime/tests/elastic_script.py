@@ -6,7 +6,8 @@ Knobs (environment): TEST_EPOCHS, TEST_SAMPLES, TEST_BATCH, TEST_ENGINES, TEST_D
 ("epoch:iteration:seconds": this worker's step takes that much longer), TEST_HOLD_AT and
 TEST_HOLD_DIR (hold steps until the test releases them; see hold()), TEST_HOLD_STATE (with
 TEST_HOLD_DIR: the first time this worker reads its model's state, which rank 0 of the first
-generation does to hand it out, it holds as a step would, at "state-<worker id>"), TEST_FAIL
+generation does to hand it out, it holds as a step would, at "state-<worker id>"),
+TEST_STATE_MB (that many MB of extra state, so that handing it out takes a while), TEST_FAIL
 (dataset_raises | bad_return | nan_loss), TEST_CKPT_FREQ, TEST_ONNX, TEST_MODEL ("mlp", the
 default: a float64 MLP; "real": what real training code does, see real_training()).
 """
@@ -135,6 +136,8 @@ else:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     edt = FabricModel(model, get_datasets, loss_fn, optimizer, metrics=[accuracy],
                       save_to_onnx=os.environ.get("TEST_ONNX") == "1")
+if os.environ.get("TEST_STATE_MB"):
+    edt.model.register_buffer("ballast", torch.zeros(int(os.environ["TEST_STATE_MB"]) << 18))
 if os.environ.get("TEST_HOLD_STATE"):
     def hold_state_once(module, prefix, keep_vars, held=[]):  # noqa: B006 - once per process
         if not held:

@@ -284,6 +284,38 @@ def test_a_failed_group_init_leaves_the_process_able_to_form_the_next() -> None:
         assert out.strip() == "3"
 
 
+@pytest.mark.parametrize("when", ["before", "while"])
+def test_a_broadcast_from_a_silent_rank_0_fails_when_its_group_is_aborted(when: str) -> None:
+    """A rank waiting for a broadcast from a rank 0 that never sends is released as soon as
+    its group is aborted (as the driver's word does when a member is lost), whether the abort
+    comes before it posts the receive or while it waits; and the group is thrown away at
+    once, not after the collective's timeout."""
+    import datetime
+    import re
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    from .helpers import REPO
+
+    script = str(Path(__file__).with_name("aborted_group_script.py"))
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, script, "127.0.0.1", str(store.port), str(r),
+                               when],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=90) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    said = outs[1][0]
+    took = re.search(r"failed after ([0-9.]+)s", said)
+    assert took and float(took.group(1)) < 5, said  # the collective's timeout is 120 s
+    assert said.strip().endswith("destroyed"), said
+
+
 def test_the_drivers_store_serves_torchs_store_calls_only_to_holders_of_the_secret() -> None:
     import datetime
     import socket
