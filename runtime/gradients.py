@@ -2,10 +2,11 @@
 accumulation a WMLA ``fn_step_train`` needs.
 
 As in PyTorch's DDP, the parameters are cut into buckets in reverse order (the order
-backward produces their gradients), every ``p.grad`` is a view into its bucket's flat
-buffer, and a bucket's all-reduce starts as soon as the last of its gradients is
-accumulated, while backward goes on with the layers before. Buckets start strictly in
-order, so every member issues the same collectives in the same order.
+backward produces their gradients), and a bucket's all-reduce starts as soon as the last of
+its gradients is accumulated, while backward goes on with the layers before: the bucket
+copies them into its flat buffer and points every ``p.grad`` at its slice there, where the
+optimizer then finds the group's sum. Buckets start strictly in order, so every member
+issues the same collectives in the same order.
 
 Only the backward of a worker's *last* micro-batch of a step starts them: the gradients
 of its earlier micro-batches are still being summed. The step's statistics (loss,
