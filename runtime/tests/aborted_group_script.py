@@ -20,8 +20,12 @@ store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(se
 init_group("gloo", dist.PrefixStore("edt/1/", store), rank, 2,
            datetime.timedelta(seconds=120), generation=1)
 if rank == 0:
+    store.set("ready", "1")
     store.wait(["done"], datetime.timedelta(seconds=60))
     sys.exit(0)
+# Rank 1's side of the group can be up before rank 0's: an abort then would fail rank 0's
+# own set-up ("Connection closed by peer"), not the broadcast this script is about.
+store.wait(["ready"], datetime.timedelta(seconds=60))
 mode = sys.argv[4]
 if mode == "before":
     assert abort_group(1)
