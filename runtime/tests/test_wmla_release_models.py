@@ -1,7 +1,7 @@
-"""The model folders of ``tests/wmla/models`` (one per WMLA release's style) run to the end
-standalone (``python elastic-main.py`` with only the installed project) and in the agent's job
-environment; a WMLA 4.x notebook's ``edt_m.download()`` packs the trained model (issue 14,
-items 1, 2, 9 and 10)."""
+"""The model folders of ``tests/wmla/models`` (one per WMLA release's style, and the Cloud Pak
+for Data notebook's) run to the end standalone (``python elastic-main.py`` with only the
+installed project) and in the agent's job environment; a WMLA 4.x notebook's
+``edt_m.download()`` packs the trained model (issue 14, items 1, 2, 9 and 10)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from runtime.fabric_home import build_fabric_home
 from runtime.launcher import LocalJob
 
 from .helpers import REPO
@@ -41,10 +42,11 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
     return out
 
 
-def _standalone(folder: str, tmp_path: Path) -> tuple[str, Path]:
+def _standalone(folder: str, tmp_path: Path, main: str = "elastic-main.py",
+                args: tuple[str, ...] = tuple(ARGS), **extra: str) -> tuple[str, Path]:
     result = tmp_path / "result"
-    env = _bare_env(tmp_path, RESULT_DIR=str(result), LOG_DIR=str(result / "log"))
-    out = _run([sys.executable, "elastic-main.py", *ARGS], MODELS / folder, env)
+    env = _bare_env(tmp_path, RESULT_DIR=str(result), LOG_DIR=str(result / "log"), **extra)
+    out = _run([sys.executable, main, *args], MODELS / folder, env)
     assert "job.state state=FINISHED" in out
     assert (result / "model" / "train" / "model_epoch_final.pth").is_file()
     return out, result
@@ -90,6 +92,38 @@ def test_wmla_4_folder_with_a_dict_logger_runs_standalone(tmp_path: Path) -> Non
     assert all("\tloss: " in line and "\taccuracy: " in line for line in train + test)
 
 
+def _elog_lines(out: str, kind: str) -> list[str]:
+    """The ELog lines the product's ``elog`` printed (the folder has no elog.py of its own)."""
+    return [line for line in out.splitlines() if f"] {kind},\tTimestamp:" in line]
+
+
+def test_wmla_4_8_notebook_cells_importing_pyedt_run_standalone(tmp_path: Path) -> None:
+    """A WMLA 4.8 notebook's cells as a main file: ``from pyedt.fabric_model import
+    FabricModel``, no logger callback, so the product's ELog lines and no ``Accuracy``."""
+    out, _result = _standalone("wmla48_pytorch_mnist_pyedt", tmp_path, main="main.py", args=())
+    train, test = _elog_lines(out, "Train"), _elog_lines(out, "Test")
+    assert len(test) == 2 and len(train) >= 2, out[-3000:]
+    assert all("\tLoss: " in line and "Accuracy" not in line for line in train + test)
+    assert "DATA_DIR: /gpfs/mydatafs" in out  # no dataset named: the notebook's own default
+
+
+def test_cpd_folder_with_its_own_steps_runs_standalone(tmp_path: Path) -> None:
+    """The Cloud Pak for Data notebook's folder puts ``$FABRIC_HOME/libs/fabric.zip`` on its
+    path itself, trains with its own ``fn_step_train`` / ``fn_test`` and names no data."""
+    home = tmp_path / "fabric_home"
+    build_fabric_home(home)
+    out, result = _standalone("cpd_pytorch_fn_step_train", tmp_path, main="main.py", args=(),
+                              FABRIC_HOME=str(home))
+    assert f"{home}/libs/fabric.zip" in out
+    train, test = _elog_lines(out, "Train"), _elog_lines(out, "Test")
+    assert len(test) == 2 and len(train) >= 2, out[-3000:]
+    # fn_step_train returns (accuracy, loss) and fn_test (loss, accuracy): both are logged.
+    assert all("\tLoss: " in line and "\tAccuracy: " in line for line in train + test)
+    records = [json.loads(line) for line in
+               (result / "evaluation-metrics.txt").read_text().splitlines()]
+    assert {r["grouplabel"] for r in records} == {"Train", "Test"}
+
+
 def test_generic_names_come_only_with_wmlas_own_names(tmp_path: Path) -> None:
     """``callbacks`` is not installed site-wide: it appears once ``fabric_model`` (or
     ``pyedt``, ``pth_parameter_mgr``) is imported, and a folder's own ``elog.py`` wins."""
@@ -106,10 +140,13 @@ def test_generic_names_come_only_with_wmlas_own_names(tmp_path: Path) -> None:
     assert "elog runtime.wmla" in out
 
 
-@pytest.mark.parametrize(("folder", "own_elog"), [("wmla123_pytorch_mnist_edt", True),
-                                                  ("wmla23_pytorch_mnist_edt", False)])
-def test_folders_run_in_the_agents_job_environment(folder: str, own_elog: bool, tmp_path: Path,
-                                                   settings: object) -> None:
+@pytest.mark.parametrize(("folder", "main", "own_elog"), [
+    ("wmla123_pytorch_mnist_edt", "elastic-main.py", True),
+    ("wmla23_pytorch_mnist_edt", "elastic-main.py", False),
+    ("wmla48_pytorch_mnist_pyedt", "main.py", False),
+])
+def test_folders_run_in_the_agents_job_environment(folder: str, main: str, own_elog: bool,
+                                                   tmp_path: Path, settings: object) -> None:
     """The agent's real environment (``agent.processes.build_env``): ``wmla_compat`` is on
     PYTHONPATH, and the folder's own copies still come first."""
     from agent.processes import build_env
@@ -119,15 +156,17 @@ def test_folders_run_in_the_agents_job_environment(folder: str, own_elog: bool, 
                           env_vars={}, max_workers=1, hyper_parameters={},
                           model=SimpleNamespace(location=str(MODELS / folder)))
     env = build_env(job, "standalone")  # type: ignore[arg-type]
-    out = _run([sys.executable, str(MODELS / folder / "elastic-main.py"), *ARGS],
-               tmp_path, env)
+    args = ARGS if main == "elastic-main.py" else []
+    out = _run([sys.executable, str(MODELS / folder / main), *args], tmp_path, env)
     assert "job.state state=FINISHED" in out
     if own_elog:
         assert "EDTCALLBACK elog from model-folder-elog-1.2.3" in out
         assert len(_own_log_lines(tmp_path / "result", "Train")) == 2
-    else:
+    elif folder.startswith("wmla23"):
         assert out.count("] Train,\tTimestamp:") == 2
         assert "save_model=False" in out
+    else:  # pyedt comes from wmla_compat on the job's PYTHONPATH
+        assert len(_elog_lines(out, "Test")) == 2, out[-3000:]
 
 
 @pytest.mark.parametrize("folder", ["wmla123_pytorch_mnist_edt", "wmla23_pytorch_mnist_edt"])

@@ -28,6 +28,9 @@ FOLDERS = {
     "wmla123_pytorch_mnist_edt": ("elastic-main.py", f"--epochs {EPOCHS} --batch-size 16"),
     "wmla23_pytorch_mnist_edt": ("elastic-main.py", f"--epochs {EPOCHS} --batch-size 16"),
     "wmla4_pytorch_mnist_edt": ("elastic-main.py", f"--epochs {EPOCHS} --batch-size 16"),
+    # A WMLA 4.8 notebook's cells (``from pyedt.fabric_model import FabricModel``); its
+    # epochs are a constant of the file.
+    "wmla48_pytorch_mnist_pyedt": ("main.py", ""),
     "cpd_pytorch_fn_step_train": ("main.py", ""),
 }
 
