@@ -1,4 +1,4 @@
-"""Benchmark of the runtime on a GPU (issue 17): one script anyone with an NVIDIA GPU reruns.
+"""Benchmark of the runtime on a GPU: one script anyone with an NVIDIA GPU reruns.
 
 1. **discovery**: the GPUs NVML sees, as the host agent reports them (``resources.discovery``:
    UUID, name, memory, utilisation);
@@ -136,7 +136,7 @@ def run_plain(tmp: Path, w: Workload, device: str, amp: bool = False) -> tuple[f
 
 
 def _fabric_has_precision() -> bool:
-    """Whether this runtime's FabricModel takes ``precision=`` (issue 17 adds it): without
+    """Whether this runtime's FabricModel takes ``precision=`` (older versions do not): without
     it the FabricModel side of the AMP comparison is reported as not measured."""
     import inspect
 

@@ -1,4 +1,4 @@
-"""What IBM's Cloud Pak for Data EDT notebook reads, read its way (issue 14): it follows an
+"""What IBM's Cloud Pak for Data EDT notebook reads, read its way: it follows an
 exec by building a one-row table from ``GET /execs/{id}`` (``pandas.DataFrame(exec,
 index=[0])``), and reads an executor's log through the scheduler with ``?lastlines=1000``."""
 

@@ -1,5 +1,5 @@
 """Logger and user callbacks written the way each WMLA release writes them are called the way
-they are declared (issue 14, items 1 and 10)."""
+they are declared."""
 
 from __future__ import annotations
 

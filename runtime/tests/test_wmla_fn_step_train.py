@@ -1,6 +1,6 @@
 """A WMLA ``fn_step_train`` evaluates with the function it is handed and returns that value
 beside the loss. With no metric of the model's own, WMLA reports it as the accuracy; a
-``fn_test`` that returns only the loss reports only the loss (issue 14)."""
+``fn_test`` that returns only the loss reports only the loss."""
 
 from __future__ import annotations
 

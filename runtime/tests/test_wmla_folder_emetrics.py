@@ -1,5 +1,5 @@
 """A model folder that ships its own ``emetrics.py`` gets that copy in the training process, and
-a folder without one gets the product's (issue 14, item 2): started cold by the agent, and
+a folder without one gets the product's: started cold by the agent, and
 forked from a warm process that has already imported the runtime."""
 
 from __future__ import annotations

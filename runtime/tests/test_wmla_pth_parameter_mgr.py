@@ -1,4 +1,4 @@
-"""``pth_parameter_mgr`` as IBM's learning-path PyTorch samples call it (issue 14): they import
+"""``pth_parameter_mgr`` as IBM's learning-path PyTorch samples call it: they import
 ``monitor_pth`` after ``pth_parameter_mgr``, size the test loader with ``getTestBatchSize()``
 and take the learning-rate policy as a scheduler from ``getLearningRate(optimizer)``, stepping
 it each epoch when it is not None and not ``ReduceLROnPlateau``."""

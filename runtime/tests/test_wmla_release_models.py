@@ -1,7 +1,7 @@
 """The model folders of ``tests/wmla/models`` (one per WMLA release's style, and the Cloud Pak
 for Data notebook's) run to the end standalone (``python elastic-main.py`` with only the
 installed project) and in the agent's job environment; a WMLA 4.x notebook's
-``edt_m.download()`` packs the trained model (issue 14, items 1, 2, 9 and 10)."""
+``edt_m.download()`` packs the trained model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every benchmark ends all it started when it is interrupted (issue 17): each bench is started
+"""Every benchmark ends all it started when it is interrupted: each bench is started
 in a quick mode, signalled once its processes are up (SIGTERM as ``timeout`` sends it; SIGINT
 for one), and must be gone within a bound, with every process it started: its tree, the
 process groups and sessions those lead (torchrun's workers, the host agents' jobs), and
