@@ -1,6 +1,7 @@
 """Managing what a user created: the detail, edit and delete pages of datasets and models,
-and deleting an ended job. Every object is fetched through ``visible_to`` (another user's is a
-404; an admin sees all), and every delete is confirmed on a page that names what goes with it.
+deleting an ended job, and (for admins) deleting resource and instance groups. Every object is
+fetched through ``visible_to`` (another user's is a 404; an admin sees all), and every delete
+is confirmed on a page that names what goes with it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from jobs import services as job_services
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from models import services as model_services
 from models.models import ModelDefinition
+from resources import services as resource_services
+from resources.models import InstanceGroup, ResourceGroup
 
 # A folder listing stops here: a dataset may hold millions of files, and the page only needs
 # to show the user that the folder is the one they meant.
@@ -91,13 +94,14 @@ class DeletePlan:
     running: list[TrainingJob] = field(default_factory=list)  # not ended: block the delete
     hidden_jobs: int = 0  # jobs of users this user may not see: block, unnamed
     models: list[ModelDefinition] = field(default_factory=list)  # a dataset's models: block
+    groups: list[InstanceGroup] = field(default_factory=list)  # a resource group's: block
     rows: dict[str, int] = field(default_factory=dict)  # database rows of the jobs that go
     files: int = 0  # files in the result folders of the jobs that go
     size: int = 0
 
     @property
     def blocked(self) -> bool:
-        return bool(self.running or self.hidden_jobs or self.models)
+        return bool(self.running or self.hidden_jobs or self.models or self.groups)
 
 
 def _count_files(jobs: Iterable[TrainingJob]) -> tuple[int, int]:
@@ -156,12 +160,14 @@ def _warn_leftovers(request: HttpRequest, left: list[str]) -> None:
 
 def _confirm_or_delete(request: HttpRequest, obj, *, what: str, plan: DeletePlan,
                        delete: Callable, back: str, template: str) -> HttpResponse:
-    """GET: the confirmation page. POST: delete with the plan's jobs, unless it is blocked."""
+    """GET: the confirmation page. POST: delete with the plan's jobs, unless it is blocked.
+    ``what`` names the object as the context and the service's keyword do (``instance_group``)."""
     if request.method != "POST":
         return render(request, template, {what: obj, "plan": plan})
     if plan.blocked:
-        messages.error(request, f"{what.capitalize()} {obj.name} is still in use; see below.")
-        return redirect(f"{what}-delete", pk=obj.pk)
+        label = what.replace("_", " ").capitalize()
+        messages.error(request, f"{label} {obj.name} is still in use; see below.")
+        return redirect(f"{what.replace('_', '-')}-delete", pk=obj.pk)
     left: list[str] = []
 
     def delete_all(*, user, **kwargs) -> None:
@@ -288,6 +294,35 @@ def model_delete(request: HttpRequest, pk: int) -> HttpResponse:
     return _confirm_or_delete(
         request, model, what="model", plan=plan, delete=model_services.model_delete,
         back="models", template="console/model_delete.html",
+    )
+
+
+# --- resource and instance groups --------------------------------------------------------------
+
+
+@views.admin_required
+def resource_group_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """Confirm, then delete the resource group; its hosts stay. The instance groups that use it
+    must go first (they are named with links): each may hold jobs of its own."""
+    group = get_object_or_404(ResourceGroup, pk=pk)
+    plan = DeletePlan(groups=list(group.instance_groups.order_by("name")))
+    return _confirm_or_delete(
+        request, group, what="resource_group", plan=plan,
+        delete=resource_services.resource_group_delete, back="resource-groups",
+        template="console/resource_group_delete.html",
+    )
+
+
+@views.admin_required
+def instance_group_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """Confirm, then delete the instance group with its ended jobs (named on the page); a job
+    in it that has not ended (queued or training) stops the delete until it has ended."""
+    group = get_object_or_404(InstanceGroup.objects.select_related("resource_group"), pk=pk)
+    plan = delete_plan(group.jobs.all(), request.user)
+    return _confirm_or_delete(
+        request, group, what="instance_group", plan=plan,
+        delete=resource_services.instance_group_delete, back="instance-groups",
+        template="console/instance_group_delete.html",
     )
 
 

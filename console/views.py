@@ -185,7 +185,8 @@ def _delete(request: HttpRequest, obj, delete, what: str, back: str) -> HttpResp
     except ProtectedError as exc:
         messages.error(request, in_use_message(exc, request.user))
     else:
-        messages.success(request, f"{what.capitalize()} {obj.name} deleted.")
+        label = what.replace("_", " ").capitalize()
+        messages.success(request, f"{label} {obj.name} deleted.")
     return redirect(back)
 
 

@@ -1,4 +1,5 @@
-"""Writes on hosts: registration and heartbeats of host agents, and a host going away."""
+"""Writes on hosts: registration and heartbeats of host agents, and a host going away; and
+deleting a resource or instance group."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
 from config.control_plane import wake_scheduler
+from config.ownership import is_admin
 from resources.discovery import GpuInfo, HostUsage
-from resources.models import GPU, Host
+from resources.models import GPU, Host, InstanceGroup, ResourceGroup
 
 log = logging.getLogger("edt.hosts")
 
@@ -99,3 +102,25 @@ def host_leave(*, name: str, reason: str = "agent stopped") -> bool:
     if left:
         wake_scheduler("host.lost", host=name, why=reason)
     return bool(left)
+
+
+def _admin_only(user) -> None:
+    if not is_admin(user):
+        raise PermissionDenied("Only an administrator can change the cluster.")
+
+
+def resource_group_delete(*, resource_group: ResourceGroup, user) -> None:
+    """Delete a resource group; its hosts stay registered (they may serve other groups). One
+    that an instance group still uses is kept: the database refuses (``ProtectedError``, which
+    names them), so no instance group is left without hosts to schedule on."""
+    _admin_only(user)
+    resource_group.delete()
+
+
+def instance_group_delete(*, instance_group: InstanceGroup, user) -> None:
+    """Delete an instance group. One that any job (running or ended) is in is kept: the
+    database refuses, so a job never loses the group its slots come from, and an ended job's
+    record still says where it ran. The console deletes the ended jobs first, on the user's
+    confirmation."""
+    _admin_only(user)
+    instance_group.delete()

@@ -1,7 +1,7 @@
 """Managing objects through the console (Django's test client, no JavaScript): the detail,
-edit and delete pages of datasets and models, deleting ended jobs with their files, the result
-tree, the results zip and the checkpoints list. Another user's objects are 404s; an admin
-manages everyone's."""
+edit and delete pages of datasets and models, deleting resource and instance groups (admins
+only), deleting ended jobs with their files, the result tree, the results zip and the
+checkpoints list. Another user's objects are 404s; an admin manages everyone's."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from django.db.models import ProtectedError
 from django.urls import reverse
+from django.utils.html import strip_tags
 
 from datasets.models import Dataset
 from jobs import states
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from jobs.services import job_submit
 from models.models import ModelDefinition
+from resources.models import Host, InstanceGroup, ResourceGroup
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quiet_channels")]
 
@@ -277,6 +280,107 @@ def test_a_model_goes_with_its_ended_jobs_and_their_files(browser, owner, model_
     assert not JobEvent.objects.exists() and not SlotAllocation.objects.exists()
     assert not root.exists()
     assert Path(model_def.location, "main.py").is_file(), "a folder the user named is theirs"
+
+
+# --- resource and instance groups ----------------------------------------------------------
+
+
+def _text(response) -> str:
+    """The page as a reader sees it: no tags (names are clipped in spans), spaces collapsed."""
+    return " ".join(strip_tags(response.content.decode()).split())
+
+
+def test_only_an_admin_deletes_a_group(browser, owner, cluster):
+    client = browser(owner)
+    for name, group in (("resource-group-delete", cluster["resource_group"]),
+                        ("instance-group-delete", cluster["instance_group"])):
+        assert client.get(reverse(name, args=[group.pk])).status_code == 403
+        assert client.post(reverse(name, args=[group.pk])).status_code == 403
+        assert type(group).objects.filter(pk=group.pk).exists()
+    assert "Delete instance group" not in client.get(reverse("instance-groups")).content.decode()
+
+
+def test_the_group_lists_and_edit_pages_link_to_the_delete_pages(browser, admin, cluster):
+    client = browser(admin)
+    for kind, group in (("resource", cluster["resource_group"]),
+                        ("instance", cluster["instance_group"])):
+        delete = reverse(f"{kind}-group-delete", args=[group.pk])
+        assert delete in client.get(reverse(f"{kind}-groups")).content.decode()
+        assert delete in client.get(reverse(f"{kind}-group-edit", args=[group.pk])).content.decode()
+
+
+def test_a_resource_group_an_instance_group_uses_is_not_deleted(browser, admin, cluster):
+    group, user = cluster["resource_group"], cluster["instance_group"]
+    client = browser(admin)
+    page = client.get(reverse("resource-group-delete", args=[group.pk]))
+    assert "cannot be deleted now" in _text(page) and "Delete the resource group" not in _text(page)
+    assert "The instance group sig-elastic uses it: delete that instance group first" in _text(page)
+    assert f'href="{reverse("instance-group", args=[user.pk])}"' in page.content.decode()
+    response = client.post(reverse("resource-group-delete", args=[group.pk]), follow=True)
+    assert "Resource group ComputeHostsGPU is still in use" in response.content.decode()
+    assert ResourceGroup.objects.filter(pk=group.pk).exists()
+
+
+def test_an_unused_resource_group_goes_and_its_hosts_stay(browser, admin, cluster):
+    spare = ResourceGroup.objects.create(name="spare", selection=ResourceGroup.Selection.STATIC)
+    spare.hosts.set(cluster["hosts"])
+    client = browser(admin)
+    page = _text(client.get(reverse("resource-group-delete", args=[spare.pk])))
+    assert "Delete resource group spare?" in page and "its hosts (host1, host2) stay" in page
+    response = client.post(reverse("resource-group-delete", args=[spare.pk]), follow=True)
+    assert response.redirect_chain[-1][0] == reverse("resource-groups")
+    assert "Resource group spare deleted." in response.content.decode()
+    assert not ResourceGroup.objects.filter(pk=spare.pk).exists()
+    assert Host.objects.filter(pk__in=[h.pk for h in cluster["hosts"]]).count() == 2
+
+
+def test_an_instance_group_with_a_job_not_ended_is_not_deleted(browser, admin, job, cluster):
+    group = cluster["instance_group"]
+    client = browser(admin)
+    page = client.get(reverse("instance-group-delete", args=[group.pk])).content.decode()
+    assert f"Job <a href=\"{reverse('job', args=[job.pk])}\">#{job.pk}" in page
+    assert "stop it and wait for it to end first" in page
+    assert "Delete the instance group" not in page
+    response = client.post(reverse("instance-group-delete", args=[group.pk]), follow=True)
+    assert "Instance group sig-elastic is still in use" in response.content.decode()
+    assert InstanceGroup.objects.filter(pk=group.pk).exists()
+    assert TrainingJob.objects.filter(pk=job.pk).exists()
+
+
+def test_an_instance_group_goes_with_its_ended_jobs_and_their_files(
+    browser, admin, job, cluster, django_capture_on_commit_callbacks
+):
+    group = cluster["instance_group"]
+    _end(job, states.KILLED)
+    root = _results(job)
+    _rows(job, cluster)
+    client = browser(admin)
+    page = _text(client.get(reverse("instance-group-delete", args=[group.pk])))
+    assert "1 ended job goes with it" in page and f"#{job.pk} resnet-edt KILLED" in page
+    assert "9 files" in page and "Its resource group ComputeHostsGPU and the hosts stay" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("instance-group-delete", args=[group.pk]))
+    assert response.status_code == 302 and response.url == reverse("instance-groups")
+    assert not InstanceGroup.objects.filter(pk=group.pk).exists()
+    assert not TrainingJob.objects.filter(pk=job.pk).exists() and not root.exists()
+    assert ResourceGroup.objects.filter(pk=cluster["resource_group"].pk).exists()
+
+
+def test_a_job_submitted_meanwhile_keeps_its_instance_group_and_the_ended_jobs(
+    browser, admin, owner, model_def, job, cluster
+):
+    """The plan was read, then a job arrived before the delete: the database refuses the
+    group, and the ended jobs deleted with it in the same transaction come back."""
+    from console import objects
+
+    group = cluster["instance_group"]
+    _end(job)
+    plan = objects.delete_plan(group.jobs.all(), admin)
+    newcomer = job_submit(user=owner, model=model_def, instance_group=group, max_workers=1)
+    with pytest.raises(ProtectedError):
+        objects._delete_jobs_then(plan, admin, lambda: group.delete())
+    assert InstanceGroup.objects.filter(pk=group.pk).exists()
+    assert TrainingJob.objects.filter(pk__in=[job.pk, newcomer.pk]).count() == 2
 
 
 # --- jobs ----------------------------------------------------------------------------------

@@ -186,6 +186,38 @@ def test_the_hosts_page_shows_each_slots_holder_and_the_hosts_usage(signed_in, j
     assert "free" in row.split('data-slot="0"')[1].split("</li>")[0]
 
 
+def test_the_hosts_page_shows_each_gpus_utilisation_memory_and_holder(signed_in, job):
+    """A GPU host as its agent reports it: registered with what NVML found, then a heartbeat
+    with each device's utilisation and memory in use. Each GPU is a slot: the page shows its
+    figures and the job and worker holding it."""
+    from django.utils.html import strip_tags
+
+    from jobs.models import SlotAllocation
+    from resources.discovery import GpuInfo
+    from resources.services import host_heartbeat, host_register
+
+    def gpus(used: tuple[int, int], busy: tuple[int, int]) -> list[GpuInfo]:
+        return [GpuInfo(index=i, uuid=f"GPU-{i}-uuid", model="NVIDIA H100 80GB HBM3",
+                        memory_mb=81559, memory_used_mb=used[i], utilization=busy[i])
+                for i in (0, 1)]
+
+    host = host_register(name="gpu-host", address="10.0.0.9", gpus=gpus((0, 0), (0, 0)))
+    assert host_heartbeat(name="gpu-host", gpus=gpus((40960, 512), (87, 3)))
+    SlotAllocation.objects.create(job=job, host=host, gpu=host.gpus.get(index=0), slot=0,
+                                  worker_id="gpu-host-w0")
+    page = signed_in.get(reverse("hosts")).content.decode()
+    row = page.split('data-host="gpu-host"')[1].split("</tr>")[0]
+    assert "1 of 2 held" in row
+    first, second = (row.split(f'data-slot="{i}"')[1].split("</li>")[0] for i in (0, 1))
+    first_text, second_text = (" ".join(strip_tags(li).split()) for li in (first, second))
+    assert "gpu0 NVIDIA H100 80GB HBM3 · 87%" in first_text and "40960/81559 MB" in first_text
+    assert 'value="87" aria-label="Utilisation of gpu0"' in first
+    assert f"#{job.pk} resnet-edt, worker gpu-host-w0" in first_text
+    assert "gpu1 NVIDIA H100 80GB HBM3 · 3%" in second_text and "512/81559 MB" in second_text
+    assert 'value="3" aria-label="Utilisation of gpu1"' in second
+    assert second_text.endswith("— free")
+
+
 def test_the_hosts_page_does_not_name_another_users_job(client, other, job, cluster):
     from jobs.models import SlotAllocation
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser.screens import ARTIFACTS, summary_lines
+
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = os.environ.get("EDT_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-background-networking", "--disable-component-update",
@@ -195,3 +196,13 @@ def page(chromium, console):
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where this run's screenshots are, in the test output itself (not only with ``-s``)."""
+    lines = summary_lines()
+    if lines:
+        count = f"{len(lines)} screenshot" + ("s" if len(lines) != 1 else "")
+        terminalreporter.write_sep("=", f"{count} (checked for overflow)")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -21,6 +21,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 # Long tasks, as the page's own PerformanceObserver saw them (installed before any script):
 # the same observer as the bench's.
 from bench.job_page import OBSERVE_LONG_TASKS
+from tests.browser import screens
 from tests.browser.test_browser_console import console_shell, log_in
 
 pytestmark = pytest.mark.browser
@@ -202,7 +203,7 @@ def test_a_long_jobs_page_has_no_long_task_while_events_arrive(page: Page, conso
     print(f"job page long tasks after load: {len(tasks)}, longest {longest:.0f} ms, "
           f"total {sum(t['ms'] for t in tasks):.0f} ms")
     assert longest <= LONGEST_TASK_MS, f"long tasks after load: {tasks}"
-    page.screenshot(path=str(artifacts / "job-long.png"), full_page=True)
+    screens.screenshot(page, artifacts / "job-long.png")
 
 
 def assert_epochs_in_order(page: Page) -> None:
@@ -333,7 +334,7 @@ def test_the_job_page_fits_the_viewport(page: Page, console, long_job, artifacts
     job, _ = long_job
     page.set_viewport_size({"width": width, "height": 900})
     open_job_page(page, console, job)
-    page.screenshot(path=str(artifacts / f"job-page-{width}.png"), full_page=True)
+    screens.screenshot(page, artifacts / f"job-page-{width}.png")
     fit = page.evaluate(OVERFLOW_JS)
     assert fit["scrollWidth"] <= fit["innerWidth"] and not fit["wide"], fit
 
@@ -367,6 +368,6 @@ print(job.pk)
         ticks = page.evaluate("""() => Chart.getChart('slots-chart').scales.x.ticks
             .map((t) => [t.label, (Date.now() - t.value) / 1000])""")
         assert ticks and all(label and -60 < age < 3600 for label, age in ticks), ticks
-        page.screenshot(path=str(artifacts / "job-page-new.png"), full_page=True)
+        screens.screenshot(page, artifacts / "job-page-new.png")
     finally:
         console_shell(console, STOP.format(job=job))

@@ -1,7 +1,9 @@
 """Managing objects in a real browser: a dataset and a model created, viewed, edited and
-deleted through their pages; an ended job's results downloaded as one zip, then the job
-deleted; an admin creating a user and an API token. Each page is kept as a screenshot under
-``test-artifacts/objects-*.png`` and checked for horizontal overflow, wide and narrow."""
+deleted through their pages; an admin deleting an instance group with its ended job, then its
+resource group (refused while the instance group uses it); an ended job's checkpoint and its
+results downloaded, then the job deleted; an admin creating a user and an API token. Each
+page is kept as a screenshot under ``test-artifacts/objects-*.png`` and checked for horizontal
+overflow, wide and narrow."""
 
 from __future__ import annotations
 
@@ -15,23 +17,12 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from tests.browser import screens
 from tests.browser.test_browser_console import console_shell, log_in, log_out
 
 pytestmark = pytest.mark.browser
 
-FITS_JS = "() => document.documentElement.scrollWidth <= window.innerWidth"
-# The outermost elements that reach past the window's right edge, to say what overflows.
-TOO_WIDE_JS = """() => [...document.querySelectorAll("body *")]
-  .filter((el) => el.getBoundingClientRect().right > window.innerWidth + 1)
-  .filter((el) => !el.parentElement.closest("*") ||
-    el.parentElement.getBoundingClientRect().right <= window.innerWidth + 1)
-  .slice(0, 5)
-  .map((el) => `${el.tagName.toLowerCase()}.${el.className} ` +
-    `${Math.round(el.getBoundingClientRect().right)}px`)"""
-NARROW = {"width": 390, "height": 844}
-WIDE = {"width": 1400, "height": 1000}
 
 # An ended job of alice's on the seeded model, with the files a finished job leaves.
 ENDED_JOB = """
@@ -66,18 +57,7 @@ print(InstanceGroup.objects.get(name="seed-ig").pk)
 
 def check_page(page: Page, artifacts: Path, name: str) -> None:
     """A screenshot of the page, and no horizontal scrolling, wide and on a phone."""
-    for size, suffix in ((WIDE, ""), (NARROW, "-narrow")):
-        page.set_viewport_size(size)
-        # Charts resize a frame or two after the window does: wait (bounded) for the layout.
-        try:
-            page.wait_for_function(FITS_JS, timeout=5_000)
-        except PlaywrightTimeout:
-            wide, window = page.evaluate(
-                "() => [document.documentElement.scrollWidth, window.innerWidth]")
-            raise AssertionError(f"{name}{suffix} is {wide}px wide in a {window}px window; "
-                                 f"too wide: {page.evaluate(TOO_WIDE_JS)}") from None
-        page.screenshot(path=str(artifacts / f"objects-{name}{suffix}.png"), full_page=True)
-    page.set_viewport_size(WIDE)
+    screens.check_page(page, artifacts, f"objects-{name}")
 
 
 def test_a_dataset_and_a_model_are_created_viewed_edited_and_deleted(page: Page, console,
@@ -148,6 +128,73 @@ def test_a_dataset_and_a_model_are_created_viewed_edited_and_deleted(page: Page,
     assert f"objects-data-{tag}" not in page.inner_text("table")
 
 
+def create_groups(page: Page, resource_group: str, instance_group: str) -> str:
+    """As the walkthrough's admin does: a resource group of host1, an instance group on it.
+    Returns the instance group's id, from its dashboard's address."""
+    page.goto("/resource-groups/new/")
+    page.fill("#id_name", resource_group)
+    page.check("input[name=selection][value=static]")
+    page.get_by_label("host1").check()
+    page.get_by_role("button", name="Create", exact=True).click()
+    page.wait_for_url(re.compile(r"/resource-groups/$"))
+    page.goto("/instance-groups/new/")
+    page.fill("#id_name", instance_group)
+    page.select_option("#id_resource_group", label=resource_group)
+    page.click("button:has-text('Create and deploy')")
+    page.wait_for_url(re.compile(r"/instance-groups/$"))
+    page.click(f"a:has-text('{instance_group}')")
+    page.wait_for_url(re.compile(r"/instance-groups/\d+/$"))
+    return page.url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def test_an_admin_deletes_an_instance_group_then_its_resource_group(page: Page, console,
+                                                                     artifacts):
+    tag = uuid.uuid4().hex[:6]
+    rg, ig = f"rg-{tag}", f"ig-{tag}"
+    log_in(page, "admin", console.password)
+    group = create_groups(page, rg, ig)
+    # The new group's dashboard: nothing queued reads as a sentence, not "1. No job is waiting."
+    queue = page.locator("#pending-queue")
+    assert queue.evaluate("(el) => el.tagName") == "P"
+    assert queue.inner_text() == "No job is waiting."
+    job, root = console_shell(console, ENDED_JOB.format(group=group, name=f"in-{ig}")).split()[-2:]
+
+    # The resource group cannot go while the instance group uses it: the page names it.
+    page.goto("/resource-groups/")
+    page.click(f"[aria-label='Delete resource group {rg}']")
+    main = page.inner_text("main")
+    assert "cannot be deleted now" in main and f"The instance group {ig} uses it" in main
+    assert page.get_by_role("button", name="Delete the resource group").count() == 0
+    check_page(page, artifacts, "resource-group-delete-refused")
+
+    # The instance group goes with its ended job and the job's files, named first.
+    page.goto("/instance-groups/")
+    page.click(f"[aria-label='Delete instance group {ig}']")
+    main = page.inner_text("main")
+    assert "1 ended job goes with it" in main and f"#{job} in-{ig}" in main
+    check_page(page, artifacts, "instance-group-delete")
+    page.click("button:has-text('Delete the instance group and 1 job')")
+    page.wait_for_url(re.compile(r"/instance-groups/$"))
+    assert f"Instance group {ig} deleted." in page.inner_text("#messages")
+    assert ig not in page.inner_text("table")
+    assert not Path(root).exists(), "the ended job's result folder is still on disk"
+    assert page.request.get(f"/jobs/{job}/").status == 404
+
+    # Then the resource group, from its edit page; its host stays.
+    page.goto("/resource-groups/")
+    page.locator("tr", has_text=rg).get_by_role("link", name="Edit").click()
+    page.click("a.danger:has-text('Delete')")
+    page.wait_for_url(re.compile(r"/resource-groups/\d+/delete/$"))
+    assert "its hosts (host1) stay registered" in page.inner_text("main")
+    check_page(page, artifacts, "resource-group-delete")
+    page.click("button:has-text('Delete the resource group')")
+    page.wait_for_url(re.compile(r"/resource-groups/$"))
+    assert f"Resource group {rg} deleted." in page.inner_text("#messages")
+    assert rg not in page.inner_text("table")
+    page.goto("/hosts/")
+    assert page.locator('tr[data-host="host1"]').count() == 1
+
+
 def test_an_ended_jobs_results_are_zipped_then_the_job_is_deleted(page: Page, console,
                                                                   artifacts):
     group = console_shell(console, SEED_GROUP).split()[-1]
@@ -158,6 +205,13 @@ def test_an_ended_jobs_results_are_zipped_then_the_job_is_deleted(page: Page, co
     page.wait_for_selector("#results >> text=edt_state.pth")
     assert "(global 12)" in page.inner_text("#results")
     check_page(page, artifacts, "job-ended")
+
+    # A checkpoint's download is the stored file, byte for byte.
+    with page.expect_download() as download:
+        page.locator("table.checkpoints a", has_text="edt_state.pth").click()
+    stored = (Path(root) / "checkpoint" / "edt_state.pth").read_bytes()
+    assert Path(download.value.path()).read_bytes() == stored
+    assert download.value.suggested_filename == "edt_state.pth"
 
     with page.expect_download() as download:
         page.click("[data-results-zip]")

@@ -1,8 +1,11 @@
 """The Train form, the hosts page, the lists and the Compare page in a real browser: a run's
 hyper-parameters overriding the model's reach the job, a 400-character name is refused with a
-message naming the limit, the hosts page names each slot's holder, and Compare draws one line
-per job. Each page is kept as a screenshot under ``test-artifacts/pages-*.png`` and checked for
-horizontal overflow with 100-character names on it, wide and on a phone."""
+message naming the limit, the hosts page names each slot's holder and says "just now" of a
+fresh heartbeat, the dataset and model forms name the roots they accept before any error, and
+Compare draws one line per job. Each page is kept as a screenshot under
+``test-artifacts/pages-*.png`` and checked for horizontal overflow with 100-character names on
+it, wide and on a phone: the lists and forms of datasets, models and groups, a job's Stop
+confirmation and the login page too."""
 
 from __future__ import annotations
 
@@ -15,18 +18,11 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page
 
+from tests.browser import screens
 from tests.browser.test_browser_console import console_shell, job_id_from, log_in
 
 pytestmark = pytest.mark.browser
 
-WIDE = {"width": 1400, "height": 1000}
-NARROW = {"width": 390, "height": 844}
-# The elements reaching past the window's right edge, to say what overflows.
-TOO_WIDE_JS = """() => [...document.querySelectorAll("body *")]
-  .filter((el) => el.getBoundingClientRect().right > window.innerWidth + 1)
-  .slice(0, 5)
-  .map((el) => `${el.tagName.toLowerCase()}.${el.className} ` +
-    `${Math.round(el.getBoundingClientRect().right)}px`)"""
 # Lines drawn on each compare chart, in page order.
 LINES_JS = """() => [...document.querySelectorAll("canvas[data-compare-chart]")]
   .map((canvas) => { const chart = Chart.getChart(canvas);
@@ -56,14 +52,7 @@ def started(console):
 
 def check_page(page: Page, artifacts: Path, name: str) -> None:
     """A screenshot of the page, and no horizontal scrolling, wide and on a phone."""
-    for size, suffix in ((WIDE, ""), (NARROW, "-narrow")):
-        page.set_viewport_size(size)
-        wide, window = page.evaluate(
-            "() => [document.documentElement.scrollWidth, window.innerWidth]")
-        assert wide <= window, (f"{name}{suffix} is {wide}px wide in a {window}px window; "
-                                f"too wide: {page.evaluate(TOO_WIDE_JS)}")
-        page.screenshot(path=str(artifacts / f"pages-{name}{suffix}.png"), full_page=True)
-    page.set_viewport_size(WIDE)
+    screens.check_page(page, artifacts, f"pages-{name}")
 
 
 def open_train_form(page: Page) -> None:
@@ -142,17 +131,21 @@ def test_a_400_character_name_is_refused_naming_the_limit(page: Page, console, a
 
 
 def test_the_hosts_page_names_each_slots_holder(page: Page, console, artifacts, started):
-    console_shell(console, "from resources.models import Host; Host.objects.filter("
-                           "name='host3').update(cpu_utilization=41, memory_mb=16000, "
-                           "memory_used_mb=6000)")
     log_in(page, "alice", console.password)
     open_train_form(page)
     page.fill("#id_name", "hosts-" + "h" * 94)
     page.click("button:has-text('Start training')")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
     started.append(job_id_from(page))
+    # host3's agent reports, as a heartbeat does, just before the page is opened.
+    console_shell(console, "from django.utils import timezone; "
+                           "from resources.models import Host; Host.objects.filter("
+                           "name='host3').update(cpu_utilization=41, memory_mb=16000, "
+                           "memory_used_mb=6000, last_heartbeat=timezone.now())")
     page.goto("/hosts/")
     row = page.locator('tr[data-host="host3"]')
+    # A heartbeat under a minute old is "just now", not "0 minutes ago".
+    assert row.locator("td").last.inner_text() == "just now"
     # The seeded job (max 2 workers) holds slots on host3, its workers named by the scheduler;
     # the new job gets one too (the page refreshes itself every 5 s).
     holder = row.locator("li[data-slot]", has_text=f"#{console.seeded_job} seeded job").first
@@ -189,3 +182,50 @@ def test_compare_draws_one_line_per_job(page: Page, console, artifacts, monkeypa
     page.click("text=seed-ig")
     page.wait_for_selector("#active-jobs")
     check_page(page, artifacts, "dashboard")
+
+
+def _names_the_data_roots(page: Page, console) -> None:
+    roots = f"under the data roots ({console.root / 'data'})"
+    for field in ("train_path", "test_path"):
+        assert roots in page.inner_text(f'[data-field="{field}"] .help')
+
+
+def _names_the_model_roots(page: Page, console) -> None:
+    page.click("button:has-text('Add Location')")  # the form's first step
+    help_text = page.locator('[data-field="location"] .help')
+    assert f"under the model roots ({console.root / 'models'})" in help_text.inner_text()
+
+
+def _asks_to_stop_the_job(page: Page, console) -> None:
+    assert page.inner_text("h1") == f"Stop job #{console.seeded_job} seeded job?"
+    assert page.get_by_role("button", name="Stop the job").is_visible()
+
+
+def _is_the_login_form(page: Page, console) -> None:
+    assert page.locator("#id_username").is_visible() and "Log out" not in page.inner_text("body")
+
+
+# Pages no other test screenshots: (name, who signs in, address, what to check first).
+PAGES = [
+    ("datasets", "alice", "/datasets/", None),
+    ("dataset-new", "alice", "/datasets/new/any/", _names_the_data_roots),
+    ("models", "alice", "/models/", None),
+    ("model-new", "alice", "/models/new/", _names_the_model_roots),
+    ("resource-groups", "admin", "/resource-groups/", None),
+    ("resource-group-new", "admin", "/resource-groups/new/", None),
+    ("instance-groups", "admin", "/instance-groups/", None),
+    ("instance-group-new", "admin", "/instance-groups/new/", None),
+    ("job-stop", "alice", "/jobs/{job}/stop/", _asks_to_stop_the_job),
+    ("login", None, "/login/", _is_the_login_form),
+]
+
+
+@pytest.mark.parametrize(("name", "user", "url", "check"), PAGES, ids=[p[0] for p in PAGES])
+def test_each_page_fits_wide_and_narrow(page: Page, console, artifacts, name, user, url, check):
+    if user:
+        log_in(page, user, console.password)
+    response = page.goto(url.format(job=console.seeded_job))
+    assert response is not None and response.ok, f"{url}: {response and response.status}"
+    if check:
+        check(page, console)
+    check_page(page, artifacts, name)

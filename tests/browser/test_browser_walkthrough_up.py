@@ -21,6 +21,7 @@ import pytest
 import requests
 from playwright.sync_api import Page
 
+from tests.browser import screens
 from tests.browser.test_browser_console import (
     drag_row_above,
     log_in,
@@ -194,7 +195,7 @@ def test_the_seed_002_walkthrough_on_the_real_product(user_page: Page, product: 
     page.fill(f'tr[data-job-id="{job2}"] input[name=priority]', "10000")
     page.click(f'tr[data-job-id="{job2}"] button:has-text("Set")')
     _settled(dashboard, {job1: 3, t1: 3, job2: 5, t2: 5})
-    dashboard.screenshot(path=str(artifacts / "walkthrough-real.png"), full_page=True)
+    screens.screenshot(dashboard, artifacts / "walkthrough-real.png")
 
     # Job 1 goes: job 2 grows to all 8 slots and trains on them.
     _stop(page, job1)
