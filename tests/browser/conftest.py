@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.screens import ARTIFACTS, summary_lines
+from tests.browser.screens import ARTIFACTS, ROOT, summary_lines
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("EDT_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-background-networking", "--disable-component-update",

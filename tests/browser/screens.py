@@ -18,8 +18,7 @@ FITS_JS = "() => document.documentElement.scrollWidth <= window.innerWidth"
 # The outermost elements that reach past the window's right edge, to say what overflows.
 TOO_WIDE_JS = """() => [...document.querySelectorAll("body *")]
   .filter((el) => el.getBoundingClientRect().right > window.innerWidth + 1)
-  .filter((el) => !el.parentElement.closest("*") ||
-    el.parentElement.getBoundingClientRect().right <= window.innerWidth + 1)
+  .filter((el) => el.parentElement.getBoundingClientRect().right <= window.innerWidth + 1)
   .slice(0, 5)
   .map((el) => `${el.tagName.toLowerCase()}.${el.className} ` +
     `${Math.round(el.getBoundingClientRect().right)}px`)"""
