@@ -102,7 +102,7 @@ def as_fabric() -> None:
         "BENCH_PRECISION") else {}
     fm = FabricModel(model, lambda: (data, None), F.cross_entropy, optimizer, **precision)
     fm.train(int(os.environ["BENCH_EPOCHS"]), batch, int(os.environ["BENCH_ENGINES"]),
-             num_dataloader_threads=1, validation_freq=0, checkpoint_freq=0)
+             num_dataloader_threads=0, validation_freq=0, checkpoint_freq=0)
 
 
 def as_ddp() -> None:

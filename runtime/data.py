@@ -1,8 +1,10 @@
 """The user's datasets, turned into the batches a worker computes.
 
 The sampler says which micro-batches of a step this rank computes; :class:`Batches` loads
-them on a thread pool, the next step's while this one trains, and moves each to the
-device. A dataset or collate function that raises is the user's error
+them one step ahead and moves each to the device. With loader threads, the next step's
+are read on a thread pool while this one trains; with none (as ``DataLoader``'s
+``num_workers=0``), the training thread reads them itself while it waits for the
+group's all-reduce, which costs no thread hand-off on a machine short of cores. A dataset or collate function that raises is the user's error
 (:class:`~runtime.errors.UserCodeError`), reported as such.
 """
 
@@ -54,7 +56,8 @@ def to_device(obj: Any, device: torch.device) -> Any:
 
 
 class Batches:
-    """Loads the micro-batches of each step, one step ahead, on ``threads`` threads.
+    """Loads the micro-batches of each step, one step ahead: on ``threads`` threads, or with
+    none in the training thread when it calls :meth:`ahead`.
 
     A micro-batch's samples are read in order with the generators seeded from the epoch and
     its first sample (:class:`~runtime.randomness.Randomness`), so random augmentation
@@ -67,12 +70,14 @@ class Batches:
         self.collate = collate
         self.device = device
         self.randomness = randomness
-        self.pool = ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix="edt-data")
+        self.pool = (ThreadPoolExecutor(threads, thread_name_prefix="edt-data")
+                     if threads > 0 else None)
         self._prefetch: dict[tuple, list[Future]] = {}
+        self._next: tuple | None = None  # the step :meth:`ahead` reads, without threads
 
     def forget(self) -> None:
         """Drop what was loaded ahead: the group changed, so the next step's share did too."""
-        self._prefetch = {}
+        self._prefetch, self._next = {}, None
 
     def _read(self, dataset: Any, epoch: int, index: int, key: int) -> Any:
         with self.randomness.samples(epoch, key):
@@ -88,21 +93,44 @@ class Batches:
                 f"loading a training batch raised {type(exc).__name__}: {exc}"
             ) from exc
 
+    def _loaded(self, epoch: int, indices: list[int]) -> Future:
+        """A micro-batch read now, in this thread; the user's error waits in the future, to
+        be raised at the step that uses it, as a loader thread's would be."""
+        done: Future = Future()
+        try:
+            done.set_result(self._load(epoch, indices))
+        except UserCodeError as exc:
+            done.set_exception(exc)
+        return done
+
     def _submit(self, epoch: int, step: int, rank: int, world: int) -> list[Future]:
-        return [self.pool.submit(self._load, epoch, idx)
-                for idx in self.sampler.assignment(epoch, step, rank, world)]
+        assignment = self.sampler.assignment(epoch, step, rank, world)
+        if self.pool is None:
+            return [self._loaded(epoch, idx) for idx in assignment]
+        return [self.pool.submit(self._load, epoch, idx) for idx in assignment]
 
     def step(self, epoch: int, step: int, rank: int, world: int) -> list[Future]:
-        """This rank's micro-batches of ``step`` (futures), and the next step's started."""
+        """This rank's micro-batches of ``step`` (futures), and the next step's started (or,
+        without threads, left for :meth:`ahead`)."""
         futures = self._prefetch.pop((epoch, step, rank, world), None)
         if futures is None:
             futures = self._submit(epoch, step, rank, world)
-        if step + 1 < self.sampler.steps_per_epoch:
-            self._prefetch = {(epoch, step + 1, rank, world):
-                              self._submit(epoch, step + 1, rank, world)}
+        following = ((epoch, step + 1, rank, world)
+                     if step + 1 < self.sampler.steps_per_epoch else None)
+        self._prefetch, self._next = {}, None
+        if following is not None and self.pool is not None:
+            self._prefetch = {following: self._submit(*following)}
         else:
-            self._prefetch = {}
+            self._next = following
         return futures
+
+    def ahead(self) -> None:
+        """Without loader threads, read the next step's micro-batches now: the training
+        thread calls this while it waits for the group's all-reduce, time it would
+        otherwise spend idle."""
+        if self._next is not None:
+            following, self._next = self._next, None
+            self._prefetch = {following: self._submit(*following)}
 
     def split(self, batch: Any) -> tuple[Any, Any]:
         """``(features, labels)`` of a batch, on the device."""

@@ -151,10 +151,19 @@ class FabricModel:
         checkpoint_freq: int = 1,
         effective_batch_size: int | None = None,
     ) -> Any:
-        """Train; the role (standalone, driver, worker) comes from ``EDT_ROLE``."""
+        """Train; the role (standalone, driver, worker) comes from ``EDT_ROLE``.
+
+        ``num_dataloader_threads`` threads read the next step's batches while this one
+        trains; with 0, as ``DataLoader``'s ``num_workers=0``, the training thread reads
+        them itself while it waits for the gradients' all-reduce (the better choice when
+        every core already trains)."""
         for name, value in (("epoch_number", epoch_number), ("batch_size", batch_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        threads = num_dataloader_threads
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+            raise ValueError("num_dataloader_threads must be 0 (read in the training "
+                             f"thread) or more, got {threads!r}")
         env = JobEnv.from_environ()
         default_engines = 1 if env.role == "standalone" else (env.max_workers or 1)
         engines, global_batch = effective_batch(

@@ -18,6 +18,7 @@ of their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -126,8 +127,11 @@ class GradientBuckets:
             stats.copy_(_pack(payload))
         self._armed = overlap
 
-    def finish(self, world: int, device: torch.device) -> torch.Tensor:
-        """Start the buckets backward did not, wait for all; returns the summed payload."""
+    def finish(self, world: int, device: torch.device,
+               while_waiting: Callable[[], None] | None = None) -> torch.Tensor:
+        """Start the buckets backward did not, run ``while_waiting`` (work of the coming
+        step that needs nothing from this one) and wait for all; returns the summed
+        payload."""
         payload = self._payload
         assert payload is not None, "seal() comes before finish()"
         self._armed = False
@@ -140,6 +144,8 @@ class GradientBuckets:
             if self._error is not None:
                 raise self._error
             self._start_ready(everything=True)
+            if while_waiting is not None:
+                while_waiting()
             for work in self._works:
                 wait_for(work)
             stats = self.buckets[-1].stats if self.buckets else None

@@ -211,7 +211,7 @@ class Trainer:
         futures = self.batches.step(epoch, step, self.group.rank, world)
         self.callbacks.fire("on_batch_begin", step)
         stats, local = self._compute(epoch, step, futures)
-        summed = self.grads.finish(world, self.device)
+        summed = self.grads.finish(world, self.device, while_waiting=self.batches.ahead)
         stats.load(summed[: self.n_stats])
         self.running.finish(summed[self.n_stats:])
         loss = stats.loss()

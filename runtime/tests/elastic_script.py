@@ -145,5 +145,6 @@ if os.environ.get("TEST_HOLD_STATE"):
             hold("state", os.environ["EDT_WORKER_ID"])
 
     edt.model.register_state_dict_pre_hook(hold_state_once)
-edt.train(EPOCHS, BATCH, ENGINES, num_dataloader_threads=1,
+edt.train(EPOCHS, BATCH, ENGINES,
+          num_dataloader_threads=int(os.environ.get("TEST_LOADER_THREADS", "1")),
           checkpoint_freq=int(os.environ.get("TEST_CKPT_FREQ", "1")))

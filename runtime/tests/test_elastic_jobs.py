@@ -98,6 +98,16 @@ def test_it_trains_on_four_workers(fixed_four: Path, reference: Path) -> None:
     assert_same_training(fixed_four, reference)
 
 
+def test_reading_batches_in_the_training_thread_trains_as_loader_threads_do(
+        tmp_path: Path, real_reference: Path) -> None:
+    # Without loader threads, each worker reads the next step's augmented samples while
+    # it waits for the all-reduce: the same samples, the same draws, the same training.
+    run_job(tmp_path, 2, TEST_SAMPLES=str(SAMPLES), TEST_MODEL="real", TEST_LOADER_THREADS="0")
+    assert {s["size"] for s in steps(tmp_path)} == {2}
+    assert_same_training(tmp_path, real_reference)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["mlp", "real"])
 def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path, model: str,

@@ -15,6 +15,7 @@ from torch import nn
 from runtime import FabricModel, gradients
 from runtime.batchnorm import RunningStats
 from runtime.data import Batches
+from runtime.errors import UserCodeError
 from runtime.gradients import GradientBuckets
 from runtime.optimization import Optimization
 from runtime.randomness import Randomness, micro_batch_seed, sample_seed
@@ -74,7 +75,11 @@ def test_a_bucket_is_reduced_while_backward_is_still_running(monkeypatch,
     buckets.seal(payload, world=2, overlap=True)
     x = torch.randn(8, 64)
     model(x).pow(2).sum().backward()
-    summed = buckets.finish(world=2, device=CPU)
+    started_when_waiting: list[int] = []
+    summed = buckets.finish(world=2, device=CPU,
+                            while_waiting=lambda: started_when_waiting.append(len(buckets._works)))
+    assert started_when_waiting == [len(buckets.buckets)], (
+        "the work done while waiting ran before every bucket had started, or not once")
     assert started_before_the_first_layer and started_before_the_first_layer[0] >= 1, (
         "no bucket's all-reduce had started when backward reached the first layer")
     assert len(buckets._works) == len(buckets.buckets)
@@ -142,6 +147,7 @@ def _per_sample(world: int, threads: int) -> dict[int, float]:
             for fut in batches.step(1, step, rank, world):
                 x, _ = batches.split(fut.result())
                 seen.update({int(row[0]): float(row[1]) for row in x})
+            batches.ahead()  # without threads, as the training thread does while it waits
     return seen
 
 
@@ -150,6 +156,79 @@ def test_random_augmentation_follows_the_sample_not_the_worker_or_thread() -> No
     assert len(alone) == 24 and len(set(alone.values())) == 24
     assert _per_sample(world=3, threads=4) == alone
     assert _per_sample(world=2, threads=2) == alone
+    assert _per_sample(world=2, threads=0) == alone
+
+
+class Counted(torch.utils.data.Dataset):
+    """Counts the reads of each sample; sample ``bad`` raises."""
+
+    def __init__(self, bad: int = -1) -> None:
+        self.reads: dict[int, int] = {}
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        if i == self.bad:
+            raise OSError(f"sample {i} is unreadable")
+        self.reads[i] = self.reads.get(i, 0) + 1
+        return torch.tensor([float(i)]), 0
+
+
+def _unthreaded(dataset: Counted) -> tuple[Batches, ElasticSampler]:
+    sampler = ElasticSampler(24, batch_size=4, global_batch=8, seed=5)
+    return Batches(dataset, sampler, torch.utils.data.default_collate, 0, CPU,
+                   Randomness(7, CPU)), sampler
+
+
+def _indices(futures) -> list[int]:
+    return [int(v) for f in futures for v in f.result()[0].flatten()]
+
+
+def test_without_threads_the_next_step_is_read_once_while_waiting() -> None:
+    data = Counted()
+    batches, sampler = _unthreaded(data)
+    first = batches.step(0, 0, rank=0, world=2)
+    assert _indices(first) == [i for b in sampler.assignment(0, 0, 0, 2) for i in b]
+    assert sorted(data.reads) == sorted(_indices(first)), "read more than this step's share"
+    batches.ahead()
+    ahead = [i for b in sampler.assignment(0, 1, 0, 2) for i in b]
+    assert sorted(data.reads) == sorted(_indices(first) + ahead)
+    batches.ahead()  # once only
+    assert _indices(batches.step(0, 1, rank=0, world=2)) == ahead
+    assert all(n == 1 for n in data.reads.values()), data.reads
+
+
+def test_without_threads_a_new_group_drops_what_was_read_ahead() -> None:
+    data = Counted()
+    batches, sampler = _unthreaded(data)
+    batches.step(0, 0, rank=0, world=2)
+    batches.ahead()
+    batches.forget()  # the group changed: the next step's share did too
+    batches.ahead()
+    alone = batches.step(0, 1, rank=0, world=1)
+    assert _indices(alone) == [i for b in sampler.assignment(0, 1, 0, 1) for i in b]
+    assert len(_indices(alone)) == 8
+
+
+def test_without_threads_a_bad_sample_read_ahead_fails_its_own_step() -> None:
+    sampler = ElasticSampler(24, batch_size=4, global_batch=8, seed=5)
+    bad = sampler.assignment(0, 1, 0, 1)[1][2]
+    batches, _ = _unthreaded(Counted(bad=bad))
+    assert len(_indices(batches.step(0, 0, rank=0, world=1))) == 8
+    batches.ahead()  # reads step 1's samples now; the error waits for step 1
+    first, second = batches.step(0, 1, rank=0, world=1)
+    assert len(first.result()[0]) == 4
+    with pytest.raises(UserCodeError, match=f"OSError: sample {bad} is unreadable"):
+        second.result()
+
+
+def test_a_negative_number_of_loader_threads_is_refused_before_training() -> None:
+    edt = FabricModel(nn.Linear(2, 1), lambda: ([], []), nn.functional.mse_loss,
+                      torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="num_dataloader_threads must be 0 .* got -1"):
+        edt.train(1, 4, num_dataloader_threads=-1)
 
 
 def test_seeds_differ_by_epoch_sample_and_micro_batch() -> None:
