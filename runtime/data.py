@@ -4,7 +4,9 @@ The sampler says which micro-batches of a step this rank computes; :class:`Batch
 them one step ahead and moves each to the device. With loader threads, the next step's
 are read on a thread pool while this one trains; with none (as ``DataLoader``'s
 ``num_workers=0``), the training thread reads them itself while it waits for the
-group's all-reduce, which costs no thread hand-off on a machine short of cores. A dataset or collate function that raises is the user's error
+group's all-reduce, which costs no thread hand-off on a machine short of cores.
+
+A dataset or collate function that raises is the user's error
 (:class:`~runtime.errors.UserCodeError`), reported as such.
 """
 
