@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 from bench import processes  # noqa: E402
 
 BATCH = 64  # per worker, the MLP's (the other models' are in WORKLOADS)
+MIN_STEPS = 20  # of a throughput round given with --steps: several past the warm-up
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,11 @@ class Workload:
 
 # (quick, full). The quick ResNet-18 is 16 channels wide instead of 64 (91 ms instead of 1.1 s
 # a step on one core here): the same layers, a quarter of the channels. The quick runs of the
-# two bigger models take 2 rounds, so that --quick with all three stays near 10 minutes.
+# two bigger models take 2 rounds, so that --quick with all three stays near 10 minutes. The
+# full MLP trains 400 steps, a few seconds a round, so that a pause of the machine's moves its
+# ratio by less than it did in 150 steps (under a second at 1 worker).
 WORKLOADS = {
-    "mlp": (Workload("mlp", BATCH, 40, 5, rounds=4), Workload("mlp", BATCH, 150, 5)),
+    "mlp": (Workload("mlp", BATCH, 40, 5, rounds=4), Workload("mlp", BATCH, 400, 5)),
     "resnet": (Workload("resnet", 32, 12, 3, 16, rounds=2), Workload("resnet", 32, 40, 5, 64)),
     "transformer": (Workload("transformer", 32, 20, 3, 128, rounds=2),
                     Workload("transformer", 32, 80, 5, 128)),
@@ -163,6 +166,32 @@ def _wait(pred, what: str, timeout: float = 180.0):
     raise TimeoutError(what)
 
 
+class _LineCount:
+    """Whole lines written so far to a file that is being appended to, reading only what is
+    new at each call. Parsing the whole step log every 10 ms cost this process up to a tenth
+    of a core by the end of a run: CPU taken from the two training processes it measures on a
+    2-core machine."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.file, self.count = path, None, 0
+
+    def now(self) -> int:
+        if self.file is None:
+            try:
+                self.file = self.path.open("rb")
+            except FileNotFoundError:
+                return 0
+        self.count += self.file.read().count(b"\n")
+        return self.count
+
+    def __enter__(self) -> _LineCount:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
 class _CpuWindow(threading.Thread):
     """CPU seconds (user + system, all threads) the given processes spend per step over the
     steady-state window, read from /proc. Unlike samples/s it hardly moves when other
@@ -185,17 +214,18 @@ class _CpuWindow(threading.Thread):
                 pass
         return total / os.sysconf("SC_CLK_TCK")
 
-    def _at(self, n: int) -> tuple[int, float] | None:
+    def _at(self, lines: _LineCount, n: int) -> tuple[int, float] | None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            done = len(_steps(self.log))
+            done = lines.now()
             if done >= n:
                 return done, self._cpu(self.pids)
             time.sleep(0.01)
         return None
 
     def run(self) -> None:
-        a, b = self._at(self.start_at), self._at(self.end_at)
+        with _LineCount(self.log) as lines:
+            a, b = self._at(lines, self.start_at), self._at(lines, self.end_at)
         if a and b and b[0] > a[0]:
             self.per_step = (b[1] - a[1]) / (b[0] - a[0])
 
@@ -437,9 +467,12 @@ def compare(tmp: Path, w: Workload, workers: int, rounds: int) -> dict[str, floa
 
 
 def throughput_part(tmp: Path, names: list[str], sizes: list[int], rounds: int | None,
-                    quick: bool, rows: list[tuple[str, ...]], result: dict) -> None:
+                    quick: bool, rows: list[tuple[str, ...]], result: dict,
+                    steps: int | None = None) -> None:
     for name in names:
         w = WORKLOADS[name][0 if quick else 1]
+        if steps:
+            w = replace(w, steps=steps)
         for workers in sizes:
             c = compare(tmp, w, workers, rounds or w.rounds)
             ratio, cpu_ratio = c["fabric"] / c["ddp"], c["ddp_cpu"] / c["fabric_cpu"]
@@ -496,6 +529,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int,
                         help="alternating rounds (default 6; with --quick 4 for the MLP, 2 for "
                              "the others)")
+    parser.add_argument("--steps", type=int,
+                        help="steps of each throughput round instead of the workload's own: "
+                             "longer rounds settle a ratio that short ones leave to noise")
     parser.add_argument("--parts", default="throughput,rescale,torchrun",
                         help="what to measure, comma-separated")
     parser.add_argument("--as", dest="role", choices=["fabric", "ddp"], help=argparse.SUPPRESS)
@@ -504,6 +540,9 @@ def main() -> None:
         return as_fabric()
     if args.role == "ddp":
         return as_ddp()
+    if args.steps is not None and args.steps < MIN_STEPS:
+        parser.error(f"--steps must be at least {MIN_STEPS}: the first steps of a round are "
+                     f"left out as warm-up, got {args.steps}")
     processes.install()
     parts = _names(args.parts, ("throughput", "rescale", "torchrun"))
     names = _names(args.models, tuple(WORKLOADS))
@@ -513,7 +552,8 @@ def main() -> None:
     result: dict = {}
     try:
         if "throughput" in parts:
-            throughput_part(tmp, names, sizes, args.rounds, args.quick, rows, result)
+            throughput_part(tmp, names, sizes, args.rounds, args.quick, rows, result,
+                            args.steps)
         if "rescale" in parts:
             rescale_part(tmp, rows, result)
         if "torchrun" in parts:
