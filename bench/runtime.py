@@ -444,18 +444,23 @@ def _once_more_on_failure(fn, tmp: Path, workers: int, w: Workload):
         return fn(tmp.with_name(tmp.name + "-again"), workers, w)
 
 
-def compare(tmp: Path, w: Workload, workers: int, rounds: int) -> dict[str, float]:
+def compare(tmp: Path, w: Workload, workers: int, rounds: int,
+            control: bool = False) -> dict[str, float]:
     """FabricModel against DDP on one workload at ``workers``: each side's best samples/s
     (and its median iteration) over ``rounds`` alternating rounds, and its median CPU s per
     step. Alternating and keeping the best round: a shared machine's load comes and goes (on
     2 busy cores a run is often ~2x slower for its whole length), and the best round is the
-    least disturbed one; CPU per step barely depends on that load."""
+    least disturbed one; CPU per step barely depends on that load. With ``control``, the
+    DDP loop takes FabricModel's place: the two sides are then the same program, and their
+    ratio is the harness's own noise on this machine."""
     best = {"fabric": (0.0, 0.0), "ddp": (0.0, 0.0)}
     cpus: dict[str, list[float]] = {"fabric": [], "ddp": []}
+    first = run_ddp if control else run_fabric
     for r in range(rounds):
-        for side, fn in (("fabric", run_fabric), ("ddp", run_ddp)):
+        for side, fn in (("fabric", first), ("ddp", run_ddp)):
             sps, it, cpu = _once_more_on_failure(
-                fn, tmp / f"{w.model}-{side}{workers}-{r}", workers, w)
+                fn, tmp / f"{w.model}-{side}{workers}-{r}{'-control' if control else ''}",
+                workers, w)
             best[side] = max(best[side], (sps, it))
             if cpu is not None:
                 cpus[side].append(cpu)
@@ -466,14 +471,29 @@ def compare(tmp: Path, w: Workload, workers: int, rounds: int) -> dict[str, floa
     return out
 
 
+def control_part(tmp: Path, w: Workload, workers: int, rounds: int,
+                 rows: list[tuple[str, ...]], result: dict) -> None:
+    """The DDP loop against itself, measured as the comparison is: how far from 1.000 the
+    harness alone puts a ratio on this machine, so a ratio near its target can be read."""
+    c = compare(tmp, w, workers, rounds, control=True)
+    ratio, cpu_ratio = c["fabric"] / c["ddp"], c["ddp_cpu"] / c["fabric_cpu"]
+    result[f"noise_ratio_{w.model}_{workers}"] = round(ratio, 3)
+    result[f"noise_cpu_ratio_{w.model}_{workers}"] = round(cpu_ratio, 3)
+    rows.append((f"{w.model} {workers} worker(s), control: DDP against DDP",
+                 f"first {c['fabric']:,.0f} samples/s", f"second {c['ddp']:,.0f} samples/s",
+                 f"ratio {ratio:.3f}", f"CPU ratio {cpu_ratio:.3f}"))
+
+
 def throughput_part(tmp: Path, names: list[str], sizes: list[int], rounds: int | None,
                     quick: bool, rows: list[tuple[str, ...]], result: dict,
-                    steps: int | None = None) -> None:
+                    steps: int | None = None, control: bool = False) -> None:
     for name in names:
         w = WORKLOADS[name][0 if quick else 1]
         if steps:
             w = replace(w, steps=steps)
         for workers in sizes:
+            if control:
+                control_part(tmp, w, workers, rounds or w.rounds, rows, result)
             c = compare(tmp, w, workers, rounds or w.rounds)
             ratio, cpu_ratio = c["fabric"] / c["ddp"], c["ddp_cpu"] / c["fabric_cpu"]
             result[f"overhead_ratio_{name}_{workers}"] = round(ratio, 3)
@@ -532,6 +552,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int,
                         help="steps of each throughput round instead of the workload's own: "
                              "longer rounds settle a ratio that short ones leave to noise")
+    parser.add_argument("--control", action="store_true",
+                        help="also run the DDP loop against itself at each model and size: "
+                             "the harness's own noise, to read the ratios against")
     parser.add_argument("--parts", default="throughput,rescale,torchrun",
                         help="what to measure, comma-separated")
     parser.add_argument("--as", dest="role", choices=["fabric", "ddp"], help=argparse.SUPPRESS)
@@ -553,7 +576,7 @@ def main() -> None:
     try:
         if "throughput" in parts:
             throughput_part(tmp, names, sizes, args.rounds, args.quick, rows, result,
-                            args.steps)
+                            args.steps, args.control)
         if "rescale" in parts:
             rescale_part(tmp, rows, result)
         if "torchrun" in parts:

@@ -1,11 +1,16 @@
 """bench/runtime.py's harness: its step counter counts the whole lines of a log being
-appended to, reading only what is new, and ``--steps`` too short for a round is refused
-before anything starts."""
+appended to, reading only what is new; ``--steps`` too short for a round is refused before
+anything starts; ``--control`` measures the DDP loop against itself beside the comparison."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import subprocess
 import sys
+
+import pytest
 
 from bench.runtime import _LineCount
 from tests.benches.support import REPO
@@ -28,3 +33,19 @@ def test_too_few_steps_for_a_round_are_refused_by_name():
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "--steps must be at least 20" in run.stderr and "got 5" in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_the_control_runs_ddp_against_itself_and_reports_its_noise(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "runtime.py"), "--quick",
+                          "--models", "mlp", "--workers", "1", "--rounds", "1",
+                          "--parts", "throughput", "--control"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert any("control: DDP against DDP" in line for line in lines), lines
+    result = json.loads(lines[-1])
+    for key in ("noise_ratio_mlp_1", "noise_cpu_ratio_mlp_1", "overhead_ratio_mlp_1"):
+        assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] > 0
