@@ -222,7 +222,10 @@ class WorkerMembership(Membership):
             exit_at_once(exc.code)
         except DriverLost as exc:
             print(f"[edt] {exc}; exiting", file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_DRIVER_LOST) from None
+            # Not through the interpreter's teardown: the process group cannot be closed
+            # without the driver, and its threads, still running when the C++ destructors
+            # run, make the process abort (SIGABRT) instead of exiting with this code.
+            exit_at_once(EXIT_DRIVER_LOST)
         except PullFailed as exc:
             print(f"[edt] {exc}", file=sys.stderr, flush=True)
             self.close()
