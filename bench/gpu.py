@@ -33,6 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,7 @@ from bench.runtime import (  # noqa: E402
 
 RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
 TARGET_RATIO = 0.97
+PARTS = ("throughput", "memory", "checkpoint")
 # (quick, full) per device. On a GPU the real ResNet-18 and a 4-layer-deep-enough encoder at
 # batches that keep it busy; on a CPU the narrow ResNet and short runs of bench/runtime.py.
 WORKLOADS = {
@@ -193,29 +197,34 @@ def _used_mb() -> int:
     return sum(gpu["memory_used_mb"] for gpu in discovery_part())
 
 
-def memory_part(tmp: Path, w: Workload) -> dict[str, Any]:
-    """NVML used memory before, during and after a worker's life on the GPU."""
+def memory_part(tmp: Path, w: Workload, device: str = "cuda",
+                used_mb: Callable[[], int] = _used_mb) -> dict[str, Any]:
+    """NVML used memory before, during and after a worker's life on the GPU. ``device`` and
+    ``used_mb`` are parameters so that the part's own mechanics (a job that trains until it is
+    stopped, its worker gone) are tested on a CPU with a stand-in for NVML."""
     from runtime.launcher import LocalJob
 
     tmp.mkdir(parents=True)
     # Within 16 MiB of it counts as back at the baseline (NVML rounds, other processes move).
-    baseline = _used_mb()
-    env = _env(tmp, **_workload_vars(w, 1), **_device_env("cuda"), BENCH_EPOCHS="1000",
-               BENCH_ENGINES="1", EDT_MIN_WORKERS="1", RESULT_DIR=str(tmp))
+    baseline = used_mb()
+    # Epochs enough to still be training when measured: the job is stopped, not finished.
+    workload = {**_workload_vars(w, 1), "BENCH_EPOCHS": "1000"}
+    env = _env(tmp, **workload, **_device_env(device), BENCH_ENGINES="1", EDT_MIN_WORKERS="1",
+               RESULT_DIR=str(tmp))
     with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
         job.start_driver()
         job.add_worker("w0")
         _wait(lambda: len(_steps(tmp / "steps.jsonl")) >= w.warmup, "the worker's steps", 600)
-        training = _used_mb()
+        training = used_mb()
         job.stop()
         job.wait(120)
     left = time.monotonic()
     # The worker's process has exited; the NVIDIA driver frees what it held, and NVML shows
     # that a moment later: look for up to 30 s.
-    after = _used_mb()
+    after = used_mb()
     while after > baseline + 16 and time.monotonic() - left < 30:
         time.sleep(0.1)
-        after = _used_mb()
+        after = used_mb()
     return {"gpu_memory_baseline_mb": baseline, "gpu_memory_training_mb": training,
             "gpu_memory_after_mb": after, "gpu_memory_released": after <= baseline + 16,
             "gpu_memory_release_s": round(time.monotonic() - left, 3)}
@@ -327,11 +336,16 @@ def _table(result: dict, per_model: dict, rounds: int) -> str:
                      f"{result['gpu_memory_training_mb']} training, "
                      f"{result['gpu_memory_after_mb']} after the worker left "
                      f"({'released' if result['gpu_memory_released'] else 'NOT released'})")
-    else:
+    elif result["device"] != "cuda":
         lines.append("GPU memory: no GPU (skipped)")
-    lines.append(f"checkpoint on {result['device']}: resumed state equal: "
-                 f"{result['checkpoint_resume_equal']}, outputs differ by at most "
-                 f"{result['checkpoint_output_max_abs_diff']:.3g}")
+    elif "memory" not in result["failed_parts"]:  # a failure is said below, with its error
+        lines.append("GPU memory: not measured (not in --parts)")
+    if "checkpoint_resume_equal" in result:
+        lines.append(f"checkpoint on {result['device']}: resumed state equal: "
+                     f"{result['checkpoint_resume_equal']}, outputs differ by at most "
+                     f"{result['checkpoint_output_max_abs_diff']:.3g}")
+    for name, error in result["failed_parts"].items():
+        lines.append(f"FAILED {name}: {error}")
     return "\n".join(lines)
 
 
@@ -341,6 +355,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter runs, one round")
     parser.add_argument("--models", default="resnet,transformer")
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 1 quick, 3)")
+    parser.add_argument("--steps", type=int, help="steps of each throughput round instead "
+                        "of the workload's own: longer windows settle a ratio")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"what to run, comma-separated (of {', '.join(PARTS)})")
     parser.add_argument("--as", dest="role", choices=["plain"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "plain":
@@ -352,18 +370,51 @@ def main() -> None:
         "cuda" if torch.cuda.is_available() else "cpu")
     names = [n for n in args.models.split(",") if n]
     rounds = args.rounds or (1 if args.quick else 3)
+    parts = [p for p in args.parts.split(",") if p]
+    if unknown := sorted(set(parts) - set(PARTS)):
+        parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
     gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
+    loads = {n: WORKLOADS[device][n][0 if args.quick else 1] for n in names}
+    if args.steps:
+        loads = {n: replace(w, steps=max(args.steps, 2 * w.warmup)) for n, w in loads.items()}
+    failed: dict[str, str] = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     try:
-        loads = {n: WORKLOADS[device][n][0 if args.quick else 1] for n in names}
-        per_model = {n: throughput_part(tmp, w, device, rounds) for n, w in loads.items()}
-        memory = memory_part(tmp / "memory", loads[names[0]]) if device == "cuda" else {}
-        ckpt = checkpoint_part(tmp / "checkpoint", loads[names[0]], device)
+        per_model = {}
+        for n, w in loads.items() if "throughput" in parts else ():
+            per_model[n] = _part(f"throughput_{n}", failed, throughput_part, tmp, w, device,
+                                 rounds)
+        first = loads[names[0]]
+        memory = (_part("memory", failed, memory_part, tmp / "memory", first)
+                  if device == "cuda" and "memory" in parts else {})
+        ckpt = (_part("checkpoint", failed, checkpoint_part, tmp / "checkpoint", first, device)
+                if "checkpoint" in parts else {})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    result = _summary(device, gpus, per_model, memory, ckpt)
+    per_model = {n: c for n, c in per_model.items() if c}
+    result = _summary(device, gpus, per_model, memory or {}, ckpt or {})
+    result["failed_parts"] = failed
     print(_table(result, per_model, rounds))
     print(json.dumps(result))
+    if failed:
+        sys.exit(1)
+
+
+def _part(name: str, failed: dict[str, str], fn: Callable[..., Any], *args: Any) -> Any:
+    """One part of the run; a part that fails is reported (its traceback on stderr, its error
+    in the table and the JSON) and the others still run, so one failure does not throw away
+    the figures of a long run."""
+    t0 = time.monotonic()
+    try:
+        value = fn(*args)
+    except Exception as exc:  # noqa: BLE001 - reported, and the run exits 1 at its end
+        traceback.print_exc()
+        failed[name] = f"{type(exc).__name__}: {exc}"
+        return None
+    # Progress, and the part's figures should a later part hang and the run be killed.
+    print(f"[{name} done in {time.monotonic() - t0:.0f} s] {json.dumps(value, default=str)}",
+          file=sys.stderr, flush=True)
+    return value
 
 
 if __name__ == "__main__":

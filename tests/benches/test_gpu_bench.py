@@ -45,3 +45,51 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
         assert result["gpu"] == "no GPU"
     # Nothing of the run is left in its temporary folder.
     assert not list(tmp_path.glob("bench-gpu-*"))
+
+
+@pytest.mark.timeout(300)
+def test_the_memory_part_reads_memory_while_a_worker_trains_and_after_it_left(tmp_path):
+    # The part's own mechanics on the CPU, NVML stood in for: a job that would train for 1000
+    # epochs is stopped after its warm-up, and memory is read before, during and after it.
+    # Memory "frees" once the worker is gone, as the NVIDIA driver frees a dead process's.
+    from bench import gpu
+
+    readings = iter([100, 900, 300])
+
+    def used_mb() -> int:
+        return next(readings, 110)
+
+    w = gpu.WORKLOADS["cpu"]["resnet"][0]
+    result = gpu.memory_part(tmp_path / "memory", w, device="cpu", used_mb=used_mb)
+
+    assert result["gpu_memory_baseline_mb"] == 100
+    assert result["gpu_memory_training_mb"] == 900
+    # 300 is not back at the baseline; the part looks again, and 110 is (within 16 MiB).
+    assert result["gpu_memory_after_mb"] == 110
+    assert result["gpu_memory_released"] is True
+    assert 0 <= result["gpu_memory_release_s"] < 30
+    steps = (tmp_path / "memory" / "steps.jsonl").read_text().splitlines()
+    assert len(steps) >= w.warmup  # it read "training" only once the worker trained
+    # The job was stopped long before its 1000 epochs: far fewer steps than one epoch's worth
+    # times 1000.
+    assert len(steps) < 1000 * w.steps
+
+
+def test_a_part_that_fails_is_reported_and_the_others_still_run(capsys):
+    from bench import gpu
+
+    failed: dict[str, str] = {}
+
+    def broken() -> None:
+        raise TypeError("got multiple values for keyword argument 'BENCH_EPOCHS'")
+
+    assert gpu._part("memory", failed, broken) is None
+    assert gpu._part("checkpoint", failed, lambda: {"ok": 1}) == {"ok": 1}
+    assert failed == {"memory": "TypeError: got multiple values for keyword argument "
+                                "'BENCH_EPOCHS'"}
+    assert "Traceback" in capsys.readouterr().err
+    result = gpu._summary("cuda", [], {}, {}, {})
+    result["failed_parts"] = failed
+    table = gpu._table(result, {}, 1)
+    assert "FAILED memory: TypeError" in table
+    assert "GPU memory:" not in table  # not "skipped" nor "not measured": it failed, and says so
