@@ -213,6 +213,15 @@ def run_as(job: TrainingJob) -> RunAs | None:
     return RunAs(user.pw_uid, user.pw_gid, user.pw_name) if user else None
 
 
+def as_account(env: dict[str, str], user: RunAs | None) -> dict[str, str]:
+    """``env`` for a process that runs as ``user``. A per-owner uid has no entry in
+    /etc/passwd, and libraries ask who they run as (``getpass.getuser()``: torch names its
+    compile cache after it, and raises without one); they read USER and LOGNAME first."""
+    if user is None:
+        return env
+    return {**env, "USER": user.name, "LOGNAME": user.name}
+
+
 def run_as_user() -> pwd.struct_passwd | None:
     """The one unprivileged user of ``EDT_RUN_AS_USER``: only when the agent runs as root."""
     name = getattr(settings, "EDT_RUN_AS_USER", None) or os.environ.get("EDT_RUN_AS_USER", "")
@@ -791,6 +800,7 @@ def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str]) -> Child:
         if _accounts_unusable:
             raise LaunchError(_accounts_unusable)
         open_way_for_jobs()
+    env = as_account(env, user)
     root = prepare_job_dir(job, user)
     if user is not None and user.isolated:
         grant_uploads(job, user)

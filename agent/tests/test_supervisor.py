@@ -272,6 +272,32 @@ def test_each_owner_gets_an_account_of_their_own_only_under_a_root_agent(
     assert processes.run_as(job) is None
 
 
+@pytest.mark.django_db
+def test_a_job_under_its_owners_account_can_ask_who_it_runs_as(job, settings, monkeypatch):
+    # The per-owner uid has no passwd entry: getpass.getuser() (torch calls it when it first
+    # compiles or builds an optimizer on some versions) must still answer, from the variables
+    # the agent sets, and not raise KeyError in the user's training script.
+    import subprocess
+    import sys
+
+    from agent import processes
+
+    settings.EDT_RUN_AS_UID_BASE = 200_000
+    settings.EDT_RUN_AS_USER = ""
+    real_euid = os.geteuid()
+    monkeypatch.setattr(processes.os, "geteuid", lambda: 0)
+    env = processes.as_account(processes.build_env(job, "worker"), processes.run_as(job))
+    assert env["USER"] == env["LOGNAME"] == f"edt-user-{job.owner_id}"
+    if real_euid != 0:
+        return  # only root can start a process as another uid; CI runs as root
+    uid = 200_000 + job.owner_id
+    done = subprocess.run([sys.executable, "-c", "import getpass; print(getpass.getuser())"],
+                          env={**env, "PYTHONPATH": ""}, cwd="/", user=uid, group=uid,
+                          extra_groups=[], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"edt-user-{job.owner_id}"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_superseded_driver_never_becomes_the_jobs_driver(job, script, tmp_path):
     if connection.vendor == "sqlite" and "memory" in connection.settings_dict["NAME"]:
