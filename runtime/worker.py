@@ -90,6 +90,18 @@ def _backend_and_device(env: JobEnv) -> tuple[str, torch.device]:
     return backend, torch.device("cuda", local)
 
 
+def _say_where(env: JobEnv, backend: str, device: torch.device) -> None:
+    """One line in the worker's log naming what it trains on: a user (or an admin reading a
+    slow job) sees at once whether it got its GPU, which one, and the collective backend."""
+    where = str(device)
+    if device.type == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where += f" ({torch.cuda.get_device_name(device)}"
+        where += f", CUDA_VISIBLE_DEVICES={visible})" if visible else ")"
+    print(f"[edt] worker {env.worker_id or 'local'} trains on {where}, backend {backend}",
+          file=sys.stderr, flush=True)
+
+
 class Trainer:
     """The training loop of one process: epochs of steps, validation, results."""
 
@@ -104,6 +116,7 @@ class Trainer:
         self._epoch_t0 = time.monotonic()
         self._step_file: Any = None
         self.backend, self.device = _backend_and_device(env)
+        _say_where(env, self.backend, self.device)
         self.model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.randomness = Randomness(env.seed, self.device)

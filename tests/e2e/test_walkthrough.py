@@ -143,6 +143,9 @@ def test_it_runs_the_seed_002_walkthrough_end_to_end(e2e, e2e_records):
         assert_each_sample_once_per_epoch(job, SAMPLES, EPOCHS)
         assert [e["epoch"] for e in runtime_events(job, "epoch.end")][-EPOCHS:] == list(
             range(EPOCHS)) or len(runtime_events(job, "epoch.end")) == EPOCHS
+        # Each worker's log names what it trained on: CPU slots, so the CPU and gloo.
+        said = [e["line"] for e in runtime_events(job, "log") if "trains on" in e["line"]]
+        assert said and all(line.endswith("trains on cpu, backend gloo") for line in said), said
     # Every shrink was cooperative (the workers left at a boundary), none forced.
     reasons = set(SlotAllocation.objects.exclude(release_reason="").values_list(
         "release_reason", flat=True))
