@@ -211,6 +211,8 @@ def test_the_hosts_page_shows_each_gpus_utilisation_memory_and_holder(signed_in,
     first, second = (row.split(f'data-slot="{i}"')[1].split("</li>")[0] for i in (0, 1))
     first_text, second_text = (" ".join(strip_tags(li).split()) for li in (first, second))
     assert "gpu0 NVIDIA H100 80GB HBM3 · 87%" in first_text and "40960/81559 MB" in first_text
+    # The UUID names the device on every host (an index is only meaningful on its own host).
+    assert "GPU-0-uuid" in first_text and "GPU-1-uuid" in second_text
     assert 'value="87" aria-label="Utilisation of gpu0"' in first
     assert f"#{job.pk} resnet-edt, worker gpu-host-w0" in first_text
     assert "gpu1 NVIDIA H100 80GB HBM3 · 3%" in second_text and "512/81559 MB" in second_text
