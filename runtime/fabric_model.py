@@ -32,6 +32,13 @@ def _reject_non_torch(model: Any) -> None:
     raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
 
 
+def _check_count(name: str, value: Any, least: int, what: str) -> None:
+    """A count argument of ``train()``: an int (a bool is not one) of at least ``least``,
+    refused at the call with the name and value, before any process starts."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
 def effective_batch(
     batch_size: int,
     engines_number: int | None,
@@ -157,13 +164,10 @@ class FabricModel:
         trains; with 0, as ``DataLoader``'s ``num_workers=0``, the training thread reads
         them itself while it waits for the gradients' all-reduce (the better choice when
         every core already trains)."""
-        for name, value in (("epoch_number", epoch_number), ("batch_size", batch_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        threads = num_dataloader_threads
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-            raise ValueError("num_dataloader_threads must be 0 (read in the training "
-                             f"thread) or more, got {threads!r}")
+        _check_count("epoch_number", epoch_number, 1, "a positive integer")
+        _check_count("batch_size", batch_size, 1, "a positive integer")
+        _check_count("num_dataloader_threads", num_dataloader_threads, 0,
+                     "0 (read in the training thread) or more")
         env = JobEnv.from_environ()
         default_engines = 1 if env.role == "standalone" else (env.max_workers or 1)
         engines, global_batch = effective_batch(

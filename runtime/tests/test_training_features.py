@@ -224,11 +224,19 @@ def test_without_threads_a_bad_sample_read_ahead_fails_its_own_step() -> None:
         second.result()
 
 
-def test_a_negative_number_of_loader_threads_is_refused_before_training() -> None:
+@pytest.mark.parametrize(("args", "kwargs", "message"), [
+    ((1, 4), {"num_dataloader_threads": -1}, r"num_dataloader_threads must be 0 .* got -1"),
+    ((1, 4), {"num_dataloader_threads": 2.0}, r"num_dataloader_threads must be 0 .* got 2\.0"),
+    ((0, 4), {}, r"epoch_number must be a positive integer, got 0"),
+    ((True, 4), {}, r"epoch_number must be a positive integer, got True"),
+    ((1, "8"), {}, r"batch_size must be a positive integer, got '8'"),
+    ((1, -4), {}, r"batch_size must be a positive integer, got -4"),
+])
+def test_a_bad_count_is_refused_when_train_is_called(args, kwargs, message) -> None:
     edt = FabricModel(nn.Linear(2, 1), lambda: ([], []), nn.functional.mse_loss,
                       torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1))
-    with pytest.raises(ValueError, match="num_dataloader_threads must be 0 .* got -1"):
-        edt.train(1, 4, num_dataloader_threads=-1)
+    with pytest.raises(ValueError, match=message):
+        edt.train(*args, **kwargs)
 
 
 def test_seeds_differ_by_epoch_sample_and_micro_batch() -> None:
