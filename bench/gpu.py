@@ -16,7 +16,8 @@
    the device, compared tensor by tensor, and both copies then take the same step.
 
 Run: ``.venv/bin/python bench/gpu.py [--device auto|cuda|cpu] [--quick]
-[--models resnet,transformer] [--rounds N]``. On a machine without a GPU (or with
+[--models resnet,transformer] [--rounds N] [--steps N] [--batch N]
+[--parts throughput,memory,checkpoint]``. On a machine without a GPU (or with
 ``--device cpu``) the NVML parts say "no GPU" and are skipped; the rest runs on the CPU.
 Prints a table; the last line is one JSON object. This file is also the plain loop's script
 (``--as plain``). Every process it starts ends with it (``bench/processes.py``).
@@ -357,6 +358,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 1 quick, 3)")
     parser.add_argument("--steps", type=int, help="steps of each throughput round instead "
                         "of the workload's own: longer windows settle a ratio")
+    parser.add_argument("--batch", type=int, help="micro-batch of every throughput run "
+                        "instead of the workload's own: larger ones keep a fast GPU busy")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"what to run, comma-separated (of {', '.join(PARTS)})")
     parser.add_argument("--as", dest="role", choices=["plain"], help=argparse.SUPPRESS)
@@ -377,6 +380,8 @@ def main() -> None:
     loads = {n: WORKLOADS[device][n][0 if args.quick else 1] for n in names}
     if args.steps:
         loads = {n: replace(w, steps=max(args.steps, 2 * w.warmup)) for n, w in loads.items()}
+    if args.batch:
+        loads = {n: replace(w, batch=args.batch) for n, w in loads.items()}
     failed: dict[str, str] = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     try:

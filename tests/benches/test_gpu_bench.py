@@ -93,3 +93,20 @@ def test_a_part_that_fails_is_reported_and_the_others_still_run(capsys):
     table = gpu._table(result, {}, 1)
     assert "FAILED memory: TypeError" in table
     assert "GPU memory:" not in table  # not "skipped" nor "not measured": it failed, and says so
+
+
+def test_parts_choose_what_runs_and_an_unknown_part_is_refused(tmp_path):
+    bench = [sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu", "--quick"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([*bench, "--parts", "checkpoint"], cwd=REPO, capture_output=True,
+                          text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["checkpoint_resume_equal"] is True and result["failed_parts"] == {}
+    assert not any(key.startswith("fabric_vs_plain") for key in result), result
+    assert "[checkpoint done in" in done.stderr  # the part's progress line
+
+    refused = subprocess.run([*bench, "--parts", "throughput,speed"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2
+    assert "unknown part(s) speed: choose from throughput, memory, checkpoint" in refused.stderr
