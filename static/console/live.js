@@ -81,7 +81,7 @@
             delay = 500;
             const held = buffer;
             buffer = null;
-            held.forEach(onEvent);
+            held.forEach((ev) => onEvent(ev));
             setStatus(true);
           }, (err) => {
             // Going live now would put later events after a hole: reconnect and catch up again.
@@ -94,7 +94,7 @@
         try { event = JSON.parse(message.data); } catch (err) { return; }
         // Under load the server sends what piled up as one batch, in order.
         const batch = event.type === "batch" ? event.events : [event];
-        if (buffer) buffer.push(...batch); else batch.forEach(onEvent);
+        if (buffer) buffer.push(...batch); else batch.forEach((ev) => onEvent(ev));
       };
       ws.onclose = (e) => {
         if (e.code === 4401 || e.code === 4403) {
@@ -252,6 +252,7 @@
     const statusEl = document.querySelector("[data-live-status]");
     const ended = new Set(); // the jobs this page saw end: a job never starts again
     let reloading = null;
+    let heldDuringReload = null; // the events that arrived while a redraw was on its way
 
     function totals(cluster) {
       for (const name of ["total", "used", "free"]) {
@@ -279,8 +280,19 @@
     }
 
     function reload() {
-      // A job this page has no band for yet: redraw from the database (it has the name).
-      if (!reloading) reloading = load().finally(() => { reloading = null; });
+      // A job this page has no band for yet: redraw from the database (it has the name). The
+      // redraw puts back every band as the database had it when it answered, which can be
+      // before an event this page drew meanwhile (another job's new size, say): such events
+      // are applied again once it is done. Each carries absolute values, so twice is harmless.
+      if (!reloading) {
+        heldDuringReload = [];
+        reloading = load().finally(() => {
+          const held = heldDuringReload;
+          heldDuringReload = null;
+          reloading = null;
+          held.forEach((ev) => onEvent(ev, true));
+        });
+      }
       return reloading;
     }
 
@@ -314,7 +326,8 @@
       return ended.has(key) ? 0 : ev.slots;
     }
 
-    function onEvent(ev) {
+    function onEvent(ev, replayed) {
+      if (heldDuringReload && !replayed) heldDuringReload.push(ev);
       if (ev.cluster) totals(ev.cluster);
       const ms = msOf(ev);
       if (ev.type === "cluster.usage") { onUsage(ev, ms); return; }
