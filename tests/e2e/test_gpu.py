@@ -66,7 +66,7 @@ RELEASE_TOLERANCE_MB = 64
 # own view of the process (the device CUDA_VISIBLE_DEVICES leaves it, its UUID, the memory the
 # caching allocator took). The backend is read from the worker's own log line.
 MAIN = '''\
-import json, os, runpy, sys
+import json, os, runpy
 
 import torch
 
