@@ -251,8 +251,7 @@
     const chart = new StepChart(document.getElementById("cluster-chart"), { stacked: true });
     const statusEl = document.querySelector("[data-live-status]");
     const ended = new Set(); // the jobs this page saw end: a job never starts again
-    let reloading = null;
-    let heldDuringReload = null; // the events that arrived while a redraw was on its way
+    let heldDuringReload = null; // while a redraw is on its way: the events that arrived since
 
     function totals(cluster) {
       for (const name of ["total", "used", "free"]) {
@@ -284,16 +283,13 @@
       // redraw puts back every band as the database had it when it answered, which can be
       // before an event this page drew meanwhile (another job's new size, say): such events
       // are applied again once it is done. Each carries absolute values, so twice is harmless.
-      if (!reloading) {
-        heldDuringReload = [];
-        reloading = load().finally(() => {
-          const held = heldDuringReload;
-          heldDuringReload = null;
-          reloading = null;
-          held.forEach((ev) => onEvent(ev, true));
-        });
-      }
-      return reloading;
+      if (heldDuringReload) return;
+      heldDuringReload = [];
+      load().finally(() => {
+        const held = heldDuringReload;
+        heldDuringReload = null;
+        held.forEach((ev) => onEvent(ev, true));
+      });
     }
 
     function changed() { document.body.dispatchEvent(new CustomEvent("edt:changed")); }
