@@ -209,20 +209,22 @@ def steps(job) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def runtime_events(job, type: str | None = None) -> list[dict]:
-    """The runtime's own event log ($LOG_DIR/events.jsonl, every process of the job)."""
-    path = Path(job.result_dir) / "log" / "events.jsonl"
-    if not path.exists():
-        return []
+def json_lines(path: Path) -> list[dict]:
+    """The JSON lines a job's process appends to ``path``; a line being written is left for
+    the next look."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines() if path.exists() else []:
         try:
-            event = json.loads(line)
+            out.append(json.loads(line))
         except ValueError:
             continue
-        if type is None or event.get("type") == type:
-            out.append(event)
     return out
+
+
+def runtime_events(job, type: str | None = None) -> list[dict]:
+    """The runtime's own event log ($LOG_DIR/events.jsonl, every process of the job)."""
+    events = json_lines(Path(job.result_dir) / "log" / "events.jsonl")
+    return [e for e in events if type is None or e.get("type") == type]
 
 
 def assert_each_sample_once_per_epoch(job, samples: int, epochs: int) -> None:

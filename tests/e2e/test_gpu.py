@@ -13,7 +13,6 @@ its own (``pytest tests/e2e/test_gpu.py``) on a machine without PostgreSQL.
 from __future__ import annotations
 
 import html
-import json
 import math
 import re
 import shutil
@@ -31,6 +30,7 @@ from tests.e2e.harness import (
     SCRIPT,
     assert_each_sample_once_per_epoch,
     job_pids,
+    json_lines,
     runtime_events,
     steps,
     wait_until,
@@ -134,16 +134,8 @@ def hex_of(uuid: str) -> str:
 
 
 def device_reports(path: Path) -> dict[str, dict]:
-    """The worker's reports by moment (``train_begin``, ``train_end``); a line being written
-    is left for the next look."""
-    reports = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        reports[report["when"]] = report
-    return reports
+    """The worker's reports by moment (``train_begin``, ``train_end``)."""
+    return {report["when"]: report for report in json_lines(path)}
 
 
 def model_with_report(e2e, records):
