@@ -9,7 +9,6 @@ import random
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from runtime import FabricModel, gradients
@@ -24,13 +23,6 @@ from runtime.state import TrainingState
 
 CPU = torch.device("cpu")
 
-
-@pytest.fixture
-def one_process_group():
-    """A real gloo group of one: the collectives run, and sum over one member."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _deep(width: int = 64, depth: int = 6) -> nn.Module:

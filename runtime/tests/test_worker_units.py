@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from runtime import events
 from runtime.config import JobEnv
 from runtime.driver import Driver
 from runtime.gradients import Accumulator, GradientBuckets, _pack, _unpack
@@ -26,24 +24,6 @@ def _model_and_opt():
     model = torch.nn.Linear(3, 2)
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
-
-@pytest.fixture
-def one_process_group():
-    """A real gloo group of one, so the collectives run (and change nothing)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-@pytest.fixture
-def standalone_env(tmp_path: Path, monkeypatch) -> JobEnv:
-    for name in ("EDT_ROLE", "EDT_WORKER_ID", "LOG_DIR", "CHECKPOINT_DIR", "SAVED_MODEL_DIR",
-                 "EDT_EVENTS_REDIS_URL", "EDT_EVENTS_FD", "EDT_ATTEMPT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RESULT_DIR", str(tmp_path))
-    events.configure(source="standalone", log_dir=str(tmp_path / "log"), echo=False)
-    yield JobEnv.from_environ()
-    events.configure(source="standalone")
 
 
 def test_step_stats_average_over_the_samples_of_the_step() -> None:
