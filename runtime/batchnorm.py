@@ -88,10 +88,11 @@ class RunningStats:
         return (after - keep * prev) * keep ** (self._k - 1 - b)
 
     def payload(self) -> torch.Tensor:
-        """This member's weighted sums (zeros when it ran no micro-batch)."""
+        """This member's weighted sums (zeros when it ran no micro-batch), on the layers'
+        device; the buffer itself, which the next step zeroes."""
         if not self.active:
-            return torch.zeros(self.size, dtype=torch.float64)
-        return self._sums.cpu()
+            return torch.zeros_like(self._sums)
+        return self._sums
 
     def rollback(self) -> None:
         """The step failed and will be redone: undo its updates, which live in the layers'

@@ -151,8 +151,9 @@ class GradientBuckets:
             stats = self.buckets[-1].stats if self.buckets else None
             if stats is not None:
                 return _unpack(stats.to("cpu", torch.float64))
-        all_reduce_cpu(payload, device)
-        return payload
+        summed = payload.clone()  # the payload stays this member's own
+        all_reduce_cpu(summed, device)
+        return summed
 
     # -- while backward runs ---------------------------------------------------------
     def _accumulated(self, p: torch.nn.Parameter) -> None:
@@ -179,10 +180,11 @@ class GradientBuckets:
 
 def _pack(payload: torch.Tensor) -> torch.Tensor:
     """The payload with its index sum split in two exact parts (float32 holds integers
-    exactly only below 2**24)."""
-    hi, lo = divmod(int(payload[_INDEX].item()), _INDEX_SPLIT)
-    return torch.cat([payload[:_INDEX], torch.tensor([hi, lo], dtype=torch.float64),
-                      payload[_INDEX + 1:]])
+    exactly only below 2**24). Computed where the payload is: reading it back to the host
+    would make it wait for the device before backward."""
+    index = payload[_INDEX: _INDEX + 1]
+    hi = torch.div(index, _INDEX_SPLIT, rounding_mode="floor")
+    return torch.cat([payload[:_INDEX], hi, index - hi * _INDEX_SPLIT, payload[_INDEX + 1:]])
 
 
 def _unpack(summed: torch.Tensor) -> torch.Tensor:

@@ -223,9 +223,11 @@ class Trainer:
         context.update(epoch=epoch, iteration=step)
         futures = self.batches.step(epoch, step, self.group.rank, world)
         self.callbacks.fire("on_batch_begin", step)
-        stats, local = self._compute(epoch, step, futures)
+        stats, mine = self._compute(epoch, step, futures)
         summed = self.grads.finish(world, self.device, while_waiting=self.batches.ahead)
         stats.load(summed[: self.n_stats])
+        local = StepStats(len(self.metric_fns))  # this rank's own, for its logger
+        local.load(mine[: self.n_stats])
         self.running.finish(summed[self.n_stats:])
         loss = stats.loss()
         if not math.isfinite(loss):
@@ -242,15 +244,16 @@ class Trainer:
         return stats.changed
 
     def _compute(self, epoch: int, step: int,
-                 futures: list[Future]) -> tuple[StepStats, StepStats]:
+                 futures: list[Future]) -> tuple[StepStats, torch.Tensor]:
         """Forward and backward over this rank's micro-batches; returns the step's sums
-        (the group's once :meth:`GradientBuckets.finish` is done) and this rank's own."""
+        (the group's once :meth:`GradientBuckets.finish` is done) and this rank's own, as
+        the payload it handed to the all-reduce."""
         g = self.group
         micro = self.sampler.micro_batches(epoch, step)
         mine = range(g.rank, len(micro), g.world)  # the sampler's round robin
         total = self.sampler.step_size(epoch, step)
         stats = StepStats(len(self.metric_fns))
-        self._local = None
+        self._sealed = None
         self.model.train()
         self.running.begin(len(micro), g.world)
         accum = Accumulator(self.params) if self.fm.fn_step_train is not None else None
@@ -261,21 +264,21 @@ class Trainer:
                              stats, last)
         if accum is not None:
             accum.restore()
-        if self._local is None:  # no micro-batch here, or a fn_step_train's own backward
+        if self._sealed is None:  # no micro-batch here, or a fn_step_train's own backward
             self._seal(stats, overlap=False)
-        local, self._local = self._local, None
-        return stats, local
+        mine, self._sealed = self._sealed, None
+        return stats, mine
 
-    _local: StepStats | None = None
+    _sealed: torch.Tensor | None = None
 
     def _seal(self, stats: StepStats, overlap: bool) -> None:
-        """This rank's sums are final: keep a copy for its own logger, raise the change flag
-        if the driver asked, and hand them to the all-reduce."""
-        self._local = stats.copy()
+        """This rank's sums are final: raise the change flag if the driver asked, and hand
+        them to the all-reduce (which leaves this rank's own payload as it was)."""
         if self.members.change_pending():
             stats.raise_change()
-        payload = torch.cat([stats.sums, self.running.payload()])
-        self.grads.seal(payload, self.group.world, overlap)
+        self._sealed = torch.cat([stats.sums(self.device),
+                                  self.running.payload().to(self.device)])
+        self.grads.seal(self._sealed, self.group.world, overlap)
 
     def _micro_step(self, x: Any, y: Any, idx: list[int], where: tuple[int, int, int],
                     scale: float, accum: Accumulator | None, stats: StepStats,
@@ -316,7 +319,8 @@ class Trainer:
         if last:
             # Backward now starts the all-reduces, so the step's sums must be final.
             self._seal(stats, overlap=True)
-        self.optim.scale(loss * scale).backward()
+        # A worker's only micro-batch of the step is the whole step: one kernel fewer.
+        self.optim.scale(loss if scale == 1.0 else loss * scale).backward()
 
     def _step_with_fn_step_train(self, x: Any, y: Any, idx: list[int],
                                  where: tuple[int, int, int], scale: float, accum: Accumulator,

@@ -40,10 +40,10 @@ def test_step_stats_average_over_the_samples_of_the_step() -> None:
 def test_the_folded_index_sum_stays_exact_in_a_float32_buffer() -> None:
     stats = StepStats(n_metrics=2)
     stats.values = [1.5, 64, 2**35 + 12345, 1, 0.25, 0.75]
-    folded = _pack(stats.sums).to(torch.float32)  # as it rides in a float32 gradient buffer
+    folded = _pack(stats.sums()).to(torch.float32)  # as it rides in a float32 gradient buffer
     back = _unpack(folded.to(torch.float64))
     assert back[StepStats.INDEX_SUM].item() == 2**35 + 12345
-    assert back.tolist() == stats.sums.tolist()
+    assert back.tolist() == stats.sums().tolist()
 
 
 def test_gradient_buckets_take_backwards_fresh_gradients_into_the_buffer(
@@ -62,7 +62,7 @@ def test_gradient_buckets_take_backwards_fresh_gradients_into_the_buffer(
         want = {p: torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params}
         stats = StepStats(0)
         stats.add([1, 2], 1.0, [])
-        buckets.seal(stats.sums, world=2, overlap=False)
+        buckets.seal(stats.sums(), world=2, overlap=False)
         stats.load(buckets.finish(world=2, device=torch.device("cpu")))
         # The optimizer finds the group's sums (a group of one here) in the buffer.
         for p in params:
@@ -76,7 +76,7 @@ def test_alone_the_gradients_are_backwards_own_tensors() -> None:
     buckets = GradientBuckets(list(model.parameters()), opt, len(StepStats(0)))
     buckets.zero(world=1)
     assert all(p.grad is None for p in model.parameters())
-    buckets.seal(StepStats(0).sums, world=1, overlap=True)
+    buckets.seal(StepStats(0).sums(), world=1, overlap=True)
     buckets.finish(world=1, device=torch.device("cpu"))
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
 
