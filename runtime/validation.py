@@ -4,6 +4,7 @@ the sums are all-reduced, so every member reports the same metrics."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -13,6 +14,19 @@ from .errors import UserCodeError
 from .metrics import as_float
 from .process_group import all_reduce_cpu
 from .sampler import shard
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """``model.eval()`` while inside; then every module back in the mode it was in, so that
+    a part the script keeps in eval mode (a frozen BatchNorm) stays so, as in Lightning."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 class Evaluator:
@@ -36,10 +50,9 @@ class Evaluator:
         """``(metrics, samples)`` over the whole of ``dataset``, the same on every rank."""
         rows = shard(len(dataset), rank, world)
         stats = torch.zeros(2 + len(self.metric_fns), dtype=torch.float64)
-        self.model.eval()
         try:
             batches = self.batches.evaluation(dataset, rows, self.batch_size, epoch)
-            with torch.no_grad():
+            with evaluating(self.model), torch.no_grad():
                 if self.fm.fn_test is not None:
                     self._user_test(stats, batches, len(rows), epoch)
                 else:
@@ -48,8 +61,6 @@ class Evaluator:
             raise
         except Exception as exc:
             raise UserCodeError(f"validation raised {type(exc).__name__}: {exc}") from exc
-        finally:
-            self.model.train()
         if world > 1:
             all_reduce_cpu(stats, self.batches.device)
         n = max(1.0, stats[1].item())

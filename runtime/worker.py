@@ -254,7 +254,9 @@ class Trainer:
         total = self.sampler.step_size(epoch, step)
         stats = StepStats(len(self.metric_fns))
         self._sealed = None
-        self.model.train()
+        if not self.model.training:
+            # Only then: a part the script put in eval mode (a frozen BatchNorm) stays so.
+            self.model.train()
         self.running.begin(len(micro), g.world)
         accum = Accumulator(self.params) if self.fm.fn_step_train is not None else None
         for j, (b, fut) in enumerate(zip(mine, futures, strict=True)):

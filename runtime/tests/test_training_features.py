@@ -296,6 +296,33 @@ def test_batchnorm_running_statistics_are_those_of_one_process(momentum, world) 
         assert torch.allclose(got.double(), want.double(), rtol=1e-5, atol=1e-6), name
 
 
+
+def _two_batchnorms() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(),
+                         nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Linear(6, 3))
+
+
+@pytest.mark.parametrize("script_sets", ["first BatchNorm eval", "whole model eval"])
+def test_training_keeps_the_modes_the_script_set_on_parts_of_its_model(
+        standalone_env, script_sets) -> None:
+    """Fine-tuning freezes a backbone's BatchNorm with ``.eval()``: training (and validation
+    after each epoch) must leave it so. A model put wholly in eval mode still trains."""
+    model = _two_batchnorms()
+    (model[1] if script_sets == "first BatchNorm eval" else model).eval()
+    before = {i: copy.deepcopy(model[i].state_dict()) for i in (1, 4)}
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g),
+                                          torch.randint(0, 3, (16,), generator=g))
+    fm = FabricModel(model, lambda: (data, data), nn.functional.cross_entropy,
+                     torch.optim.SGD(model.parameters(), lr=0.1))
+    fm.train(2, 4, 1, num_dataloader_threads=0, validation_freq=1, checkpoint_freq=0)
+    changed = {i: not torch.equal(model[i].running_mean, before[i]["running_mean"])
+               for i in (1, 4)}
+    frozen = script_sets == "first BatchNorm eval"
+    assert changed == {1: not frozen, 4: True}
+    assert (model.training, model[1].training, model[4].training) == (True, not frozen, True)
+
 # -- precision, clipping and schedules ------------------------------------------------
 def _fm(**kw) -> FabricModel:
     model = nn.Linear(3, 2)
