@@ -14,11 +14,16 @@
 5. **checkpoint**: the runtime's training state (model, optimizer, GradScaler) of a model on
    the device is saved as a checkpoint (``runtime.checkpoint``), loaded into fresh objects on
    the device, compared tensor by tensor, and both copies then take the same step.
+6. **profile** (only when asked, ``--parts profile``): ``torch.profiler`` over the same 20
+   steps after the warm-up on each side (``bench/profiling.py``): the reads back to the host
+   per step (each makes the host wait for the GPU), the host and device time per step, and
+   the tables and timelines left in ``--profile-dir``.
 
 Run: ``.venv/bin/python bench/gpu.py [--device auto|cuda|cpu] [--quick]
 [--models resnet,transformer] [--rounds N] [--steps N] [--batch N]
-[--parts throughput,memory,checkpoint]``. On a machine without a GPU (or with
-``--device cpu``) the NVML parts say "no GPU" and are skipped; the rest runs on the CPU.
+[--parts throughput,memory,checkpoint,profile] [--profile-dir DIR]``. On a machine
+without a GPU (or with ``--device cpu``) the NVML parts say "no GPU" and are skipped; the
+rest runs on the CPU.
 Prints a table; the last line is one JSON object. This file is also the plain loop's script
 (``--as plain``). Every process it starts ends with it (``bench/processes.py``).
 """
@@ -55,7 +60,8 @@ from bench.runtime import (  # noqa: E402
 
 RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
 TARGET_RATIO = 0.97
-PARTS = ("throughput", "memory", "checkpoint")
+PARTS = ("throughput", "memory", "checkpoint", "profile")
+DEFAULT_PARTS = ("throughput", "memory", "checkpoint")
 # (quick, full) per device. On a GPU the real ResNet-18 and a 4-layer-deep-enough encoder at
 # batches that keep it busy; on a CPU the narrow ResNet and short runs of bench/runtime.py.
 WORKLOADS = {
@@ -85,8 +91,10 @@ def as_plain() -> None:
     from torch.nn import functional as F
     from torch.utils.data import DataLoader
 
+    from bench.profiling import from_env
     from bench.runtime import _model_and_data, _workload_env
 
+    profiler = from_env()  # the profile part's, else None
     name, width, batch = _workload_env()
     device = torch.device(os.environ["BENCH_DEVICE"])
     model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
@@ -115,6 +123,10 @@ def as_plain() -> None:
             value = loss.item()
             log.write(json.dumps({"size": 1, "samples": len(x), "ts_start": t0,
                                   "ts": time.time(), "global_step": step, "loss": value}) + "\n")
+            if profiler is not None:
+                profiler.step()
+    if profiler is not None:
+        profiler.close()
 
 
 # -- the harness side ---------------------------------------------------------------------
@@ -126,11 +138,13 @@ def _device_env(device: str) -> dict[str, str]:
     return {"EDT_BACKEND": "nccl"}
 
 
-def run_plain(tmp: Path, w: Workload, device: str, amp: bool = False) -> tuple[float, float, float]:
-    """(samples/s, median iteration s, last loss) of the plain loop."""
+def run_plain(tmp: Path, w: Workload, device: str, amp: bool = False,
+              **extra: str) -> tuple[float, float, float]:
+    """(samples/s, median iteration s, last loss) of the plain loop; ``extra`` joins its
+    environment."""
     tmp.mkdir(parents=True)
     env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
-               BENCH_AMP="1" if amp else "0")
+               BENCH_AMP="1" if amp else "0", **extra)
     with (tmp / "plain.log").open("wb") as out:
         rc = subprocess.run([sys.executable, __file__, "--as", "plain"], env=env, stdout=out,
                             stderr=subprocess.STDOUT, timeout=1800).returncode
@@ -155,14 +169,16 @@ def _precision(device: str) -> str:
     return "16-mixed" if device == "cuda" else "bf16-mixed"
 
 
-def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False) -> tuple[float, float]:
-    """(samples/s, median iteration s) of a job of one worker under its driver."""
+def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
+               **extra: str) -> tuple[float, float]:
+    """(samples/s, median iteration s) of a job of one worker under its driver; ``extra``
+    joins its environment."""
     from runtime.launcher import LocalJob
 
     tmp.mkdir(parents=True)
     env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
                EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
-               BENCH_PRECISION=_precision(device) if amp else "")
+               BENCH_PRECISION=_precision(device) if amp else "", **extra)
     with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
         job.start_driver()
         job.add_worker("w0")
@@ -185,6 +201,24 @@ def throughput_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[st
     return {"fabric": fabric[0], "fabric_it": fabric[1], "plain": plain[0],
             "plain_it": plain[1], "amp": plain_amp[0], "amp_loss": plain_amp[2],
             "fabric_amp": fabric_amp[0] or None}
+
+
+PROFILED_STEPS = 20
+
+
+def profile_part(tmp: Path, w: Workload, device: str, out_dir: Path) -> dict[str, Any]:
+    """``torch.profiler`` over the same window of steps (after the warm-up) on each side
+    (``bench/profiling.py``): per step, the reads back to the host and the operators' host
+    and device time. The tables and timelines are left in ``out_dir``; the runs are slowed
+    by the profiler and count for no throughput figure."""
+    w = replace(w, steps=max(w.steps, w.warmup + PROFILED_STEPS + 1))
+    out: dict[str, Any] = {}
+    for side, run in (("fabric", run_fabric), ("plain", run_plain)):
+        prefix = out_dir / f"{w.model}-{side}"
+        run(tmp / f"{w.model}-profile-{side}", w, device, BENCH_PROFILE=str(prefix),
+            BENCH_PROFILE_SKIP=str(w.warmup), BENCH_PROFILE_STEPS=str(PROFILED_STEPS))
+        out[side] = json.loads(Path(f"{prefix}.json").read_text())
+    return out
 
 
 def discovery_part() -> list[dict[str, Any]]:
@@ -345,12 +379,28 @@ def _table(result: dict, per_model: dict, rounds: int) -> str:
         lines.append(f"checkpoint on {result['device']}: resumed state equal: "
                      f"{result['checkpoint_resume_equal']}, outputs differ by at most "
                      f"{result['checkpoint_output_max_abs_diff']:.3g}")
+    lines += _profile_lines(result)
     for name, error in result["failed_parts"].items():
         lines.append(f"FAILED {name}: {error}")
     return "\n".join(lines)
 
 
-def main() -> None:
+def _profile_lines(result: dict) -> list[str]:
+    """Per model and side: reads back to the host per step, host and device ms per step."""
+    lines = []
+    for key, sides in result.items():
+        if not key.startswith("profile_"):
+            continue
+        for side, p in sides.items():
+            reads = ", ".join(f"{k} {v:g}" for k, v in sorted(p["reads_per_step"].items()))
+            lines.append(f"profile {key[len('profile_'):]} {side}: host "
+                         f"{p['host_ms_per_step']:.2f} ms/step, device "
+                         f"{p['device_ms_per_step']:.2f} ms/step; reads to the host a step: "
+                         f"{reads or 'none'}")
+    return lines
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--quick", action="store_true", help="shorter runs, one round")
@@ -360,9 +410,55 @@ def main() -> None:
                         "of the workload's own: longer windows settle a ratio")
     parser.add_argument("--batch", type=int, help="micro-batch of every throughput run "
                         "instead of the workload's own: larger ones keep a fast GPU busy")
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"what to run, comma-separated (of {', '.join(PARTS)})")
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                        help=f"what to run, comma-separated (of {', '.join(PARTS)}; "
+                             f"default {','.join(DEFAULT_PARTS)})")
+    parser.add_argument("--profile-dir", type=Path,
+                        help="where the profile part leaves its tables and timelines "
+                             "(default: a new folder under the system's temporary one)")
     parser.add_argument("--as", dest="role", choices=["plain"], help=argparse.SUPPRESS)
+    return parser
+
+
+def _workloads(args: argparse.Namespace, device: str) -> dict[str, Workload]:
+    names = [n for n in args.models.split(",") if n]
+    loads = {n: WORKLOADS[device][n][0 if args.quick else 1] for n in names}
+    if args.steps:
+        loads = {n: replace(w, steps=max(args.steps, 2 * w.warmup)) for n, w in loads.items()}
+    if args.batch:
+        loads = {n: replace(w, batch=args.batch) for n, w in loads.items()}
+    return loads
+
+
+def _run_parts(parts: list[str], loads: dict[str, Workload], device: str, rounds: int,
+               profile_dir: Path | None, failed: dict[str, str]) -> dict[str, Any]:
+    """Each part asked for, in order; what each measured (None for a part that failed)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+    first = next(iter(loads.values()))
+    out: dict[str, Any] = {"throughput": {}, "profile": {}, "memory": {}, "checkpoint": {}}
+    try:
+        for n, w in loads.items() if "throughput" in parts else ():
+            out["throughput"][n] = _part(f"throughput_{n}", failed, throughput_part, tmp, w,
+                                         device, rounds)
+        if "profile" in parts:
+            profile_dir = profile_dir or Path(tempfile.mkdtemp(prefix="bench-gpu-profile-"))
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            print(f"[profile] tables and timelines go to {profile_dir}", file=sys.stderr)
+            for n, w in loads.items():
+                out["profile"][n] = _part(f"profile_{n}", failed, profile_part, tmp, w, device,
+                                          profile_dir)
+        if device == "cuda" and "memory" in parts:
+            out["memory"] = _part("memory", failed, memory_part, tmp / "memory", first)
+        if "checkpoint" in parts:
+            out["checkpoint"] = _part("checkpoint", failed, checkpoint_part, tmp / "checkpoint",
+                                      first, device)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.role == "plain":
         return as_plain()
@@ -371,33 +467,17 @@ def main() -> None:
 
     device = args.device if args.device != "auto" else (
         "cuda" if torch.cuda.is_available() else "cpu")
-    names = [n for n in args.models.split(",") if n]
     rounds = args.rounds or (1 if args.quick else 3)
     parts = [p for p in args.parts.split(",") if p]
     if unknown := sorted(set(parts) - set(PARTS)):
         parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
     gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
-    loads = {n: WORKLOADS[device][n][0 if args.quick else 1] for n in names}
-    if args.steps:
-        loads = {n: replace(w, steps=max(args.steps, 2 * w.warmup)) for n, w in loads.items()}
-    if args.batch:
-        loads = {n: replace(w, batch=args.batch) for n, w in loads.items()}
     failed: dict[str, str] = {}
-    tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    try:
-        per_model = {}
-        for n, w in loads.items() if "throughput" in parts else ():
-            per_model[n] = _part(f"throughput_{n}", failed, throughput_part, tmp, w, device,
-                                 rounds)
-        first = loads[names[0]]
-        memory = (_part("memory", failed, memory_part, tmp / "memory", first)
-                  if device == "cuda" and "memory" in parts else {})
-        ckpt = (_part("checkpoint", failed, checkpoint_part, tmp / "checkpoint", first, device)
-                if "checkpoint" in parts else {})
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    per_model = {n: c for n, c in per_model.items() if c}
-    result = _summary(device, gpus, per_model, memory or {}, ckpt or {})
+    done = _run_parts(parts, _workloads(args, device), device, rounds, args.profile_dir,
+                      failed)
+    per_model = {n: c for n, c in done["throughput"].items() if c}
+    result = _summary(device, gpus, per_model, done["memory"] or {}, done["checkpoint"] or {})
+    result.update({f"profile_{n}": c for n, c in done["profile"].items() if c})
     result["failed_parts"] = failed
     print(_table(result, per_model, rounds))
     print(json.dumps(result))

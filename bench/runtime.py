@@ -95,6 +95,7 @@ def as_fabric() -> None:
     import torch
     from torch.nn import functional as F
 
+    from bench.profiling import ProfileCallback
     from runtime import FabricModel
 
     name, width, batch = _workload_env()
@@ -103,7 +104,10 @@ def as_fabric() -> None:
     # Mixed precision ("16-mixed", "bf16-mixed") only when asked (bench/gpu.py's AMP runs).
     precision = {"precision": os.environ["BENCH_PRECISION"]} if os.environ.get(
         "BENCH_PRECISION") else {}
-    fm = FabricModel(model, lambda: (data, None), F.cross_entropy, optimizer, **precision)
+    # bench/gpu.py's profile part: torch.profiler over a window of steps, as a user callback.
+    callbacks = [ProfileCallback()] if os.environ.get("BENCH_PROFILE") else []
+    fm = FabricModel(model, lambda: (data, None), F.cross_entropy, optimizer, **precision,
+                     user_callback=callbacks)
     fm.train(int(os.environ["BENCH_EPOCHS"]), batch, int(os.environ["BENCH_ENGINES"]),
              num_dataloader_threads=0, validation_freq=0, checkpoint_freq=0)
 

@@ -109,4 +109,30 @@ def test_parts_choose_what_runs_and_an_unknown_part_is_refused(tmp_path):
     refused = subprocess.run([*bench, "--parts", "throughput,speed"], cwd=REPO,
                              capture_output=True, text=True, timeout=60, env=env)
     assert refused.returncode == 2
-    assert "unknown part(s) speed: choose from throughput, memory, checkpoint" in refused.stderr
+    assert "unknown part(s) speed: choose from throughput, memory, checkpoint, profile" in (
+        refused.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_the_profile_part_profiles_the_same_steps_on_both_sides(tmp_path):
+    out = tmp_path / "profile"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu",
+                           "--quick", "--models", "transformer", "--parts", "profile",
+                           "--profile-dir", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["failed_parts"] == {}
+    sides = result["profile_transformer"]
+    assert set(sides) == {"fabric", "plain"}
+    for side, figures in sides.items():
+        assert figures["steps"] == 20, side
+        assert figures["host_ms_per_step"] > 0, side
+        # The plain loop reads its loss once a step (loss.item()): the profile sees it.
+        if side == "plain":
+            assert figures["reads_per_step"].get("aten::_local_scalar_dense", 0) >= 1
+        for suffix in (".txt", ".json", ".trace.json.gz"):
+            assert (out / f"transformer-{side}{suffix}").stat().st_size > 0, (side, suffix)
+        assert "Self CPU" in (out / f"transformer-{side}.txt").read_text()
+        assert f"profile transformer {side}: host" in done.stdout
