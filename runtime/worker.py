@@ -278,8 +278,10 @@ class Trainer:
         them to the all-reduce (which leaves this rank's own payload as it was)."""
         if self.members.change_pending():
             stats.raise_change()
-        self._sealed = torch.cat([stats.sums(self.device),
-                                  self.running.payload().to(self.device)])
+        parts = [stats.sums(self.device)]
+        if self.running.size:  # the model has BatchNorm layers
+            parts.append(self.running.payload())
+        self._sealed = torch.cat(parts)
         self.grads.seal(self._sealed, self.group.world, overlap)
 
     def _micro_step(self, x: Any, y: Any, idx: list[int], where: tuple[int, int, int],

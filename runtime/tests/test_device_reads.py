@@ -82,7 +82,8 @@ def test_sealing_the_sums_into_a_gradient_bucket_reads_nothing(one_process_group
 
 class _Watched(nn.Module):
     """A small model with dropout and BatchNorm that notes where each step's forward pass
-    begins and its backward pass ends, beside the reads."""
+    begins and its backward pass ends, beside the reads. On a GPU, CUDA's own check is on
+    in between too: any synchronising call there raises."""
 
     def __init__(self, log: list[str]) -> None:
         super().__init__()
@@ -91,15 +92,24 @@ class _Watched(nn.Module):
                                  nn.ReLU(), nn.Linear(8, 3))
         self.log = log
         # Called once the gradient of the first layer's input is known: backward is done.
-        self.net[0].register_full_backward_hook(lambda *_: log.append("backward ends"))
+        self.net[0].register_full_backward_hook(self._backward_ends)
+
+    def _backward_ends(self, *_: object) -> None:
+        self.log.append("backward ends")
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("default")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.log.append("forward begins")
+        if x.is_cuda:
+            torch.cuda.set_sync_debug_mode("error")
         return self.net(x.requires_grad_())
 
 
 def test_a_training_step_reads_nothing_between_forward_and_backward(
         standalone_env, tmp_path: Path) -> None:
+    """On the CPU here; on a machine with a GPU the same run trains on CUDA (the runtime's
+    choice), where CUDA's sync debug mode also guards the window."""
     g = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(24, 4, generator=g),
                                           torch.randint(0, 3, (24,), generator=g))
@@ -108,7 +118,11 @@ def test_a_training_step_reads_nothing_between_forward_and_backward(
         fm = FabricModel(model, lambda: (data, None), F.cross_entropy,
                          torch.optim.SGD(model.parameters(), lr=0.1),
                          metrics=[lambda out, y: (out.argmax(1) == y).float().mean()])
-        fm.train(2, 4, 1, num_dataloader_threads=0, validation_freq=0, checkpoint_freq=0)
+        try:
+            fm.train(2, 4, 1, num_dataloader_threads=0, validation_freq=0, checkpoint_freq=0)
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.set_sync_debug_mode("default")
     starts = [i for i, what in enumerate(log) if what == "forward begins"]
     assert len(starts) == 2 * 24 // 4, log
     for i in starts:
