@@ -223,11 +223,11 @@ class Trainer:
         context.update(epoch=epoch, iteration=step)
         futures = self.batches.step(epoch, step, self.group.rank, world)
         self.callbacks.fire("on_batch_begin", step)
-        stats, mine = self._compute(epoch, step, futures)
+        stats, own = self._compute(epoch, step, futures)
         summed = self.grads.finish(world, self.device, while_waiting=self.batches.ahead)
         stats.load(summed[: self.n_stats])
         local = StepStats(len(self.metric_fns))  # this rank's own, for its logger
-        local.load(mine[: self.n_stats])
+        local.load(own[: self.n_stats])
         self.running.finish(summed[self.n_stats:])
         loss = stats.loss()
         if not math.isfinite(loss):
@@ -268,8 +268,8 @@ class Trainer:
             accum.restore()
         if self._sealed is None:  # no micro-batch here, or a fn_step_train's own backward
             self._seal(stats, overlap=False)
-        mine, self._sealed = self._sealed, None
-        return stats, mine
+        own, self._sealed = self._sealed, None
+        return stats, own
 
     _sealed: torch.Tensor | None = None
 
