@@ -61,7 +61,6 @@ def test_step_sums_stay_where_the_loss_is_until_they_are_read() -> None:
     assert stats.means(["a", "b"]) == pytest.approx({"loss": 3.0, "a": 4 / 6, "b": 5 / 6})
 
 
-
 def test_sealing_the_sums_into_a_gradient_bucket_reads_nothing(one_process_group) -> None:
     model = nn.Linear(3, 2)
     buckets = GradientBuckets(list(model.parameters()), torch.optim.SGD(model.parameters(),

@@ -24,7 +24,6 @@ from runtime.state import TrainingState
 CPU = torch.device("cpu")
 
 
-
 def _deep(width: int = 64, depth: int = 6) -> nn.Module:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
@@ -296,7 +295,6 @@ def test_batchnorm_running_statistics_are_those_of_one_process(momentum, world) 
         assert torch.allclose(got.double(), want.double(), rtol=1e-5, atol=1e-6), name
 
 
-
 def _two_batchnorms() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(),
@@ -322,6 +320,7 @@ def test_training_keeps_the_modes_the_script_set_on_parts_of_its_model(
     frozen = script_sets == "first BatchNorm eval"
     assert changed == {1: not frozen, 4: True}
     assert (model.training, model[1].training, model[4].training) == (True, not frozen, True)
+
 
 # -- precision, clipping and schedules ------------------------------------------------
 def _fm(**kw) -> FabricModel:

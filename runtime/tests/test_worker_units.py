@@ -25,7 +25,6 @@ def _model_and_opt():
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
-
 def test_step_stats_average_over_the_samples_of_the_step() -> None:
     stats = StepStats(n_metrics=1)
     stats.add([0, 1, 2, 3], torch.tensor(2.0), [torch.tensor(0.5)])
