@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from . import context, events
+from . import allocator, context, events
 from .batchnorm import RunningStats
 from .callbacks import QuietLogger, UserCallbacks, call, log_metrics
 from .config import JobEnv
@@ -453,5 +453,6 @@ def run_trainer(fm: Any, cfg: dict[str, Any], env: JobEnv) -> None:
     events.configure(source=source, job_id=env.job_id, log_dir=env.log_dir)
     if env.role == "worker":
         events.capture_output()
+    allocator.keep_freed_memory()
     trainer = Trainer(fm, cfg, env)
     trainer.members.run(trainer.run)
