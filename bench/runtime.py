@@ -544,7 +544,7 @@ def _names(text: str, allowed: tuple[str, ...]) -> list[str]:
     return names
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (a few minutes)")
     parser.add_argument("--models", default="mlp,resnet,transformer",
@@ -559,9 +559,18 @@ def main() -> None:
     parser.add_argument("--control", action="store_true",
                         help="also run the DDP loop against itself at each model and size: "
                              "the harness's own noise, to read the ratios against")
+    parser.add_argument("--same-allocator", action="store_true",
+                        help="start both sides with the host-memory setting FabricModel's "
+                             "workers make for themselves (runtime/allocator.py), so that a "
+                             "ratio shows the runtime's own cost apart from that setting")
     parser.add_argument("--parts", default="throughput,rescale,torchrun",
                         help="what to measure, comma-separated")
     parser.add_argument("--as", dest="role", choices=["fabric", "ddp"], help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if args.role == "fabric":
         return as_fabric()
@@ -571,12 +580,16 @@ def main() -> None:
         parser.error(f"--steps must be at least {MIN_STEPS}: the first steps of a round are "
                      f"left out as warm-up, got {args.steps}")
     processes.install()
+    if args.same_allocator:
+        # Every process of both sides inherits these (_env copies this environment).
+        from runtime import allocator
+        os.environ.update(allocator.as_environment())
     parts = _names(args.parts, ("throughput", "rescale", "torchrun"))
     names = _names(args.models, tuple(WORKLOADS))
     sizes = [int(n) for n in args.workers.split(",") if n.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="bench-runtime-"))
     rows: list[tuple[str, ...]] = []
-    result: dict = {}
+    result: dict = {"same_allocator": args.same_allocator}
     try:
         if "throughput" in parts:
             throughput_part(tmp, names, sizes, args.rounds, args.quick, rows, result,
@@ -588,7 +601,9 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     width = max((len(r[0]) for r in rows), default=0)
-    print(f"runtime benchmark ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, gloo)")
+    same = "; both sides keep freed host memory" if args.same_allocator else ""
+    print(f"runtime benchmark ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, "
+          f"gloo{same})")
     for r in rows:
         print(f"{r[0]:<{width}}  " + "  ".join(c for c in r[1:] if c))
     print(json.dumps(result))

@@ -1,6 +1,7 @@
 """bench/runtime.py's harness: its step counter counts the whole lines of a log being
 appended to, reading only what is new; ``--steps`` too short for a round is refused before
-anything starts; ``--control`` measures the DDP loop against itself beside the comparison."""
+anything starts; ``--control`` measures the DDP loop against itself beside the comparison;
+``--same-allocator`` runs both sides under the host-memory setting the workers make."""
 
 from __future__ import annotations
 
@@ -49,3 +50,18 @@ def test_the_control_runs_ddp_against_itself_and_reports_its_noise(tmp_path):
     result = json.loads(lines[-1])
     for key in ("noise_ratio_mlp_1", "noise_cpu_ratio_mlp_1", "overhead_ratio_mlp_1"):
         assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_same_allocator_starts_both_sides_with_the_workers_host_memory_setting(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "runtime.py"), "--quick",
+                          "--models", "mlp", "--workers", "1", "--rounds", "1",
+                          "--parts", "throughput", "--same-allocator"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert "both sides keep freed host memory" in lines[0], lines
+    result = json.loads(lines[-1])
+    assert result["same_allocator"] is True and result["overhead_ratio_mlp_1"] > 0
