@@ -468,6 +468,12 @@ def compare(tmp: Path, w: Workload, workers: int, rounds: int,
             best[side] = max(best[side], (sps, it))
             if cpu is not None:
                 cpus[side].append(cpu)
+            # Each round as it ends: how far rounds spread says how far to trust the best.
+            cpu_ms = f"{cpu * 1000:.1f}" if cpu is not None else "?"
+            print(f"{w.model} {workers} worker(s) round {r + 1}/{rounds} {side}"
+                  f"{' (control: DDP)' if control and side == 'fabric' else ''}: "
+                  f"{sps:,.0f} samples/s, {it * 1000:.1f} ms/it, CPU {cpu_ms} ms/step",
+                  file=sys.stderr, flush=True)
     out = {}
     for side in ("fabric", "ddp"):
         out[side], out[f"{side}_it"] = best[side]

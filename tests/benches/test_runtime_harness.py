@@ -47,6 +47,9 @@ def test_the_control_runs_ddp_against_itself_and_reports_its_noise(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
     assert any("control: DDP against DDP" in line for line in lines), lines
+    # Every round is reported as it ends, the control's and the comparison's.
+    for side in ("fabric (control: DDP)", "ddp", "fabric"):
+        assert f"mlp 1 worker(s) round 1/1 {side}: " in run.stderr, run.stderr[-3000:]
     result = json.loads(lines[-1])
     for key in ("noise_ratio_mlp_1", "noise_cpu_ratio_mlp_1", "overhead_ratio_mlp_1"):
         assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] > 0
