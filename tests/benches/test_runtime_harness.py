@@ -36,20 +36,25 @@ def test_too_few_steps_for_a_round_are_refused_by_name():
     assert "--steps must be at least 20" in run.stderr and "got 5" in run.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(360)
-def test_the_control_runs_ddp_against_itself_and_reports_its_noise(tmp_path):
+def _one_quick_mlp_round(tmp_path, flag: str) -> tuple[list[str], str]:
+    """One round of the quick MLP at one worker with ``flag``: the table's lines, stderr."""
     run = subprocess.run([sys.executable, str(REPO / "bench" / "runtime.py"), "--quick",
                           "--models", "mlp", "--workers", "1", "--rounds", "1",
-                          "--parts", "throughput", "--control"],
+                          "--parts", "throughput", flag],
                          cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TMPDIR": str(tmp_path)})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    lines = run.stdout.strip().splitlines()
+    return run.stdout.strip().splitlines(), run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_the_control_runs_ddp_against_itself_and_reports_its_noise(tmp_path):
+    lines, stderr = _one_quick_mlp_round(tmp_path, "--control")
     assert any("control: DDP against DDP" in line for line in lines), lines
     # Every round is reported as it ends, the control's and the comparison's.
     for side in ("fabric (control: DDP)", "ddp", "fabric"):
-        assert f"mlp 1 worker(s) round 1/1 {side}: " in run.stderr, run.stderr[-3000:]
+        assert f"mlp 1 worker(s) round 1/1 {side}: " in stderr, stderr[-3000:]
     result = json.loads(lines[-1])
     for key in ("noise_ratio_mlp_1", "noise_cpu_ratio_mlp_1", "overhead_ratio_mlp_1"):
         assert isinstance(result[key], float) and math.isfinite(result[key]) and result[key] > 0
@@ -58,13 +63,7 @@ def test_the_control_runs_ddp_against_itself_and_reports_its_noise(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_same_allocator_starts_both_sides_with_the_workers_host_memory_setting(tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "runtime.py"), "--quick",
-                          "--models", "mlp", "--workers", "1", "--rounds", "1",
-                          "--parts", "throughput", "--same-allocator"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    lines = run.stdout.strip().splitlines()
+    lines, _ = _one_quick_mlp_round(tmp_path, "--same-allocator")
     assert "both sides keep freed host memory" in lines[0], lines
     result = json.loads(lines[-1])
     assert result["same_allocator"] is True and result["overhead_ratio_mlp_1"] > 0
