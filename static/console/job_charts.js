@@ -3,7 +3,8 @@
  * A running job sends a metric, a log line or an event many times a second. Redrawing a chart
  * of thousands of points for each one froze the page (13 s of long tasks in 19 s), so live
  * updates only change data; what is drawn is redrawn at most once per animation frame (and no
- * more often than a panel asks), however many events came in between. The step series stay
+ * more often than a panel asks), however many events came in between, and panels due in the
+ * same frame take turns when it is full (Coalescer). The step series stay
  * bounded too: the server sends about a thousand points whatever the job's length, the page
  * keeps at most MAX_POINTS per series (thinning the oldest half when it gets there), and
  * Chart.js's decimation plugin draws no more points than the chart has pixels.
@@ -14,8 +15,31 @@
   const { PALETTE } = window.EDTLive;
   const MAX_POINTS = 2000;
 
-  /* Calls `flush` once on the next animation frame after any number of `request()`s, and
-   * not sooner than `minMs` after the previous flush. */
+  /* Flushes that fall due in the same frame share it: they run in turn, and once FRAME_BUDGET_MS
+   * are spent the rest wait for the next frame. On a fast machine all of them run in one frame;
+   * on a slow one the charts and the log no longer add up to one long task that freezes the
+   * page (each flush still runs whole, at least one per frame). */
+  const FRAME_BUDGET_MS = 12;
+  const due = [];
+  let frameAsked = false;
+
+  function askFrame() {
+    if (frameAsked) return;
+    frameAsked = true;
+    requestAnimationFrame(runDue);
+  }
+
+  function runDue() {
+    frameAsked = false;
+    const start = performance.now();
+    while (due.length) {
+      due.shift()._run();
+      if (due.length && performance.now() - start >= FRAME_BUDGET_MS) { askFrame(); return; }
+    }
+  }
+
+  /* Calls `flush` once in an animation frame after any number of `request()`s, and not sooner
+   * than `minMs` after the previous flush. */
   class Coalescer {
     constructor(flush, minMs) {
       this.flush = flush;
@@ -28,7 +52,7 @@
       if (this.pending) return;
       this.pending = true;
       const wait = Math.max(0, this.last + this.minMs - performance.now());
-      setTimeout(() => requestAnimationFrame(() => this._run()), wait);
+      setTimeout(() => { due.push(this); askFrame(); }, wait);
     }
 
     _run() {

@@ -3,7 +3,10 @@
  * hides the other lines and marks the matches.
  *
  * Appending line by line read the panel's scroll position each time, which made the browser
- * lay the page out once per line; a batch measures once and appends one fragment.
+ * lay the page out once per line; a batch appends one fragment. Whether the panel follows the
+ * newest line is kept from its scroll events (the user scrolling up stops it, scrolling back to
+ * the bottom resumes it), so a batch does not lay the page out to find out. Each line is its own
+ * block (job.css): a batch lays out the lines it adds, not every line of the panel again.
  */
 (function () {
   "use strict";
@@ -47,11 +50,14 @@
       this.queue = [];
       this.ranks = {};
       this.query = "";
+      this.follow = true; // whether new lines scroll the panel to them
+      this.lastTop = 0;
       this.flusher = new Coalescer(() => this._flush(), 100);
       this._listen();
     }
 
     _listen() {
+      this.el.addEventListener("scroll", () => this._scrolled(), { passive: true });
       if (this.filterEl) this.filterEl.addEventListener("change", () => this.refilter());
       if (!this.searchEl) return;
       let timer = null;
@@ -75,9 +81,22 @@
       this.flusher.request();
     }
 
+    /* Only a move up away from the bottom stops the following: the oldest lines dropped, or a
+     * line growing when it wraps, move the bottom but are not the user's doing. */
+    _scrolled() {
+      const top = this.el.scrollTop;
+      if (top + this.el.clientHeight >= this.el.scrollHeight - 8) this.follow = true;
+      else if (top < this.lastTop) this.follow = false;
+      this.lastTop = top;
+    }
+
+    _toNewest() {
+      this.el.scrollTop = this.el.scrollHeight;
+      this.lastTop = this.el.scrollTop;
+    }
+
     _flush() {
       if (!this.queue.length) return;
-      const stick = this.el.scrollTop + this.el.clientHeight >= this.el.scrollHeight - 8;
       const fragment = document.createDocumentFragment();
       for (const rec of this.queue) fragment.appendChild(this._line(rec));
       this.queue.forEach((rec) => this._addSource(rec.source));
@@ -86,7 +105,7 @@
       const extra = this.el.childElementCount - MAX_LINES;
       for (let i = 0; i < extra; i++) this.el.firstElementChild.remove();
       this._count();
-      if (stick) this.el.scrollTop = this.el.scrollHeight;
+      if (this.follow) this._toNewest();
     }
 
     _line(rec) {
@@ -100,7 +119,12 @@
       const text = document.createElement("span");
       text.className = "text";
       text.append(...highlighted(line.dataset.text, this.query));
-      line.append(src, " ", text, "\n");
+      // The newline keeps the lines apart in the log's text (textContent); it is not drawn,
+      // since each line is a block (job.css), and copied text gets one line break, not two.
+      const newline = document.createElement("span");
+      newline.className = "nl";
+      newline.textContent = "\n";
+      line.append(src, " ", text, newline);
       line.classList.toggle("hidden", !this._shows(line));
       return line;
     }
@@ -125,7 +149,8 @@
         line.classList.toggle("hidden", !this._shows(line));
       }
       this._count();
-      this.el.scrollTop = this.el.scrollHeight;
+      this.follow = true;
+      this._toNewest();
     }
 
     _count() {

@@ -275,6 +275,51 @@ def test_the_log_filters_by_rank_and_searches(page: Page, console, long_job):
              "the search over all sources did not find the line of each rank")
 
 
+# Whether the log's last line holds `text` and the panel is scrolled to its very end.
+LOG_AT_NEWEST_JS = """(text) => {
+  const el = document.getElementById("log");
+  const last = el.lastElementChild;
+  return !!last && last.textContent.includes(text)
+    && el.scrollTop + el.clientHeight >= el.scrollHeight - 2;
+}"""
+LOG_SCROLLED_UP_JS = """() => { const el = document.getElementById("log");
+  return el.scrollTop + el.clientHeight < el.scrollHeight - 300; }"""
+
+
+def test_the_log_follows_its_newest_line_until_the_user_scrolls_up(page: Page, console,
+                                                                   long_job):
+    """New lines scroll the log to them, also when they wrap over several rows; scrolling up
+    stops that, scrolling back to the bottom resumes it."""
+    job, stream = long_job
+    open_job_page(page, console, job)
+
+    def say(marker: str) -> None:
+        # A traceback's worth of long lines, each wrapping over several rows.
+        stream.send(*({"type": "log", "source": f"worker:{WORKERS[0]}", "stream": "stderr",
+                       "line": f"{marker} {n} " + "long diagnostic text " * 40}
+                      for n in range(30)))
+
+    say("first-burst")
+    wait_for(page, LOG_AT_NEWEST_JS, "first-burst 29", "the log did not follow its newest line")
+    rows = page.evaluate("""() => { const el = document.getElementById("log");
+        return el.lastElementChild.getBoundingClientRect().height
+               / parseFloat(getComputedStyle(el).lineHeight); }""")
+    assert rows >= 3, f"the long line takes {rows} rows: it does not wrap, nothing is tested"
+    page.hover("#log")
+    page.mouse.wheel(0, -3000)
+    wait_for(page, LOG_SCROLLED_UP_JS, None, "the wheel did not scroll the log up")
+    say("while-reading")
+    wait_for(page, "() => document.getElementById('log').lastElementChild.textContent"
+             ".includes('while-reading 29')", None, "the lines sent while reading not added")
+    page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    assert page.evaluate(LOG_SCROLLED_UP_JS), "the log jumped to the newest line while read"
+    page.mouse.wheel(0, 1_000_000)
+    wait_for(page, LOG_AT_NEWEST_JS, "while-reading 29", "the wheel did not reach the bottom")
+    say("after-reading")
+    wait_for(page, LOG_AT_NEWEST_JS, "after-reading 29",
+             "back at the bottom, the log did not follow its newest line again")
+
+
 def test_a_reload_mid_job_keeps_the_history(page: Page, console, long_job):
     job, stream = long_job
     open_job_page(page, console, job)
