@@ -4,6 +4,9 @@ and a log line per worker, 25 steps a burst) sent while the page is watched with
 API. Reports the longest task and the total of long tasks (over 50 ms each, the API's
 threshold) after the page loaded, and the same while it loaded.
 
+``cpu_slowdown`` (Chromium's CPU throttling, as DevTools offers it) makes the page's own thread
+that many times slower: on a fast machine it shows what a slow or busy one meets.
+
 Needs Playwright and a Chromium (``EDT_CHROMIUM``, default /usr/bin/chromium); without them
 the figures are None and the reason is said.
 """
@@ -79,10 +82,12 @@ def _burst(client: Any, stream: str, job_id: int, first: int) -> int:
     return step
 
 
-def _figures(tasks: list[dict[str, float]], loaded_at: float, load_s: float) -> dict[str, Any]:
+def _figures(tasks: list[dict[str, float]], loaded_at: float, load_s: float,
+             cpu_slowdown: float) -> dict[str, Any]:
     after = [t["ms"] for t in tasks if t["start"] >= loaded_at]
     during = [t["ms"] for t in tasks if t["start"] < loaded_at]
     return {
+        "job_page_cpu_slowdown": cpu_slowdown,
         "job_page_steps": STEPS,
         "job_page_load_s": round(load_s, 2),
         "job_page_load_longest_task_ms": round(max(during, default=0), 1),
@@ -93,7 +98,11 @@ def _figures(tasks: list[dict[str, float]], loaded_at: float, load_s: float) -> 
     }
 
 
-def _watch(page: Any, client: Any, stream: str, job_id: int) -> dict[str, Any]:
+def _watch(page: Any, client: Any, stream: str, job_id: int,
+           cpu_slowdown: float) -> dict[str, Any]:
+    if cpu_slowdown != 1:
+        devtools = page.context.new_cdp_session(page)
+        devtools.send("Emulation.setCPUThrottlingRate", {"rate": cpu_slowdown})
     started = time.perf_counter()
     page.goto(f"/jobs/{job_id}/")
     page.wait_for_function(f"() => ({LAST_STEP_JS})() >= {STEPS}", timeout=120_000)
@@ -105,10 +114,11 @@ def _watch(page: Any, client: Any, stream: str, job_id: int) -> dict[str, Any]:
         # The page has drawn this burst before the next one goes: a bounded wait, not a sleep.
         page.wait_for_function(f"() => ({LAST_STEP_JS})() >= {last}", timeout=60_000)
         step = last + 1
-    return _figures(page.evaluate("() => window.__longTasks"), loaded_at, load_s)
+    return _figures(page.evaluate("() => window.__longTasks"), loaded_at, load_s, cpu_slowdown)
 
 
-def measure(*, base_url: str, session: str, job_id: int, stream: str) -> dict[str, Any]:
+def measure(*, base_url: str, session: str, job_id: int, stream: str,
+            cpu_slowdown: float = 1) -> dict[str, Any]:
     """The job page's long tasks, as ``_figures`` names them; None figures when no browser."""
     if not Path(CHROMIUM).exists():
         return {"job_page_longest_task_ms": None, "job_page_skipped": f"no {CHROMIUM}"}
@@ -128,7 +138,7 @@ def measure(*, base_url: str, session: str, job_id: int, stream: str) -> dict[st
             context.add_cookies([{"name": "sessionid", "value": session, "url": base_url}])
             page = context.new_page()
             page.add_init_script(OBSERVE_LONG_TASKS)
-            return _watch(page, client, stream, job_id)
+            return _watch(page, client, stream, job_id, cpu_slowdown)
         finally:
             browser.close()
             client.close()

@@ -10,9 +10,11 @@ is measured: stream read, database write (metric rows, log file), Channels group
 the socket.
 
 Then it measures the job page in Chromium (``bench/job_page.py``): the long tasks of the page
-of a 10,000-step job while live events arrive (``--no-job-page`` leaves this out).
+of a 10,000-step job while live events arrive (``--no-job-page`` leaves this out;
+``--cpu-slowdown 10`` runs the page's thread ten times slower, as on a slow or busy machine).
 
 Run: .venv/bin/python bench/live.py [--clients 50] [--events 200] [--rate 50] [--no-job-page]
+     [--cpu-slowdown N]
 (prints tables; the last line is one JSON object with ws_p50_ms and ws_p95_ms, and
 job_page_longest_task_ms and job_page_long_tasks_total_ms)
 """
@@ -161,7 +163,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50, help="events per second")
     parser.add_argument("--no-job-page", action="store_true",
                         help="leave out the job page's long tasks in Chromium")
+    parser.add_argument("--cpu-slowdown", type=float, default=1, metavar="N",
+                        help="run the job page's thread N times slower (Chromium's CPU "
+                             "throttling): what a slow or busy machine meets")
     args = parser.parse_args()
+    if args.cpu_slowdown < 1:
+        parser.error("--cpu-slowdown must be 1 (no slowdown) or more")
 
     sys.path.insert(0, str(ROOT))
     from bench import processes
@@ -201,7 +208,7 @@ def main() -> None:
         )
         page = {} if page_job is None else job_page.measure(
             base_url=f"http://127.0.0.1:{port}", session=session, job_id=page_job,
-            stream=env["EDT_EVENTS_STREAM"])
+            stream=env["EDT_EVENTS_STREAM"], cpu_slowdown=args.cpu_slowdown)
     finally:
         for proc in procs:
             proc.terminate()
@@ -242,11 +249,13 @@ def report(args: argparse.Namespace, latencies: list[float], result: dict) -> No
           f"{result['ws_max_ms']:>7}")
     if result.get("job_page_longest_task_ms") is not None:
         print(f"{'job page':>10} {'steps':>7} {'load s':>7} {'load max ms':>12} "
-              f"{'live steps':>11} {'long tasks':>11} {'max ms':>7} {'total ms':>9}")
+              f"{'live steps':>11} {'long tasks':>11} {'max ms':>7} {'total ms':>9} "
+              f"{'CPU slowdown':>13}")
         print(f"{'':>10} {result['job_page_steps']:>7} {result['job_page_load_s']:>7} "
               f"{result['job_page_load_longest_task_ms']:>12} {result['job_page_live_steps']:>11} "
               f"{result['job_page_long_tasks']:>11} {result['job_page_longest_task_ms']:>7} "
-              f"{result['job_page_long_tasks_total_ms']:>9}")
+              f"{result['job_page_long_tasks_total_ms']:>9} "
+              f"{result['job_page_cpu_slowdown']:>12g}x")
     elif "job_page_skipped" in result:
         print(f"job page not measured: {result['job_page_skipped']}")
     print(json.dumps(result))
