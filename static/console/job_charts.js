@@ -4,10 +4,10 @@
  * of thousands of points for each one froze the page (13 s of long tasks in 19 s), so live
  * updates only change data; what is drawn is redrawn at most once per animation frame (and no
  * more often than a panel asks), however many events came in between, and panels due in the
- * same frame take turns when it is full (Coalescer). The step series stay
- * bounded too: the server sends about a thousand points whatever the job's length, the page
- * keeps at most MAX_POINTS per series (thinning the oldest half when it gets there), and
- * Chart.js's decimation plugin draws no more points than the chart has pixels.
+ * same frame take turns once it is full (Coalescer). The step series stay bounded too: the
+ * server sends about a thousand points whatever the job's length, the page keeps at most
+ * MAX_POINTS per series (thinning the oldest half when it gets there), and Chart.js's
+ * decimation plugin draws no more points than the chart has pixels.
  */
 (function () {
   "use strict";
