@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from bench import job_page
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benches.support import REPO
 
 
 def test_a_cpu_slowdown_under_1_is_refused_by_name_before_anything_starts():
-    done = subprocess.run([sys.executable, "bench/live.py", "--cpu-slowdown", "0.5"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "bench/live.py", "--cpu-slowdown", "0.5"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done
     assert "--cpu-slowdown must be 1 (no slowdown) or more" in done.stderr

@@ -219,8 +219,7 @@ def test_a_long_jobs_page_has_no_long_task_while_events_arrive(page: Page, conso
     for _ in range(40):
         stream.steps(10)
         wait_for_last_step(page, stream.step)
-    wait_for(page, "(step) => document.getElementById('log').lastElementChild.textContent"
-             ".includes(`step ${step} `)", stream.step, "the last log lines not shown")
+    wait_for(page, LOG_LAST_LINE_JS, f"step {stream.step} ", "the last log lines not shown")
     flushes = page.evaluate(FLUSHES_JS)
     tasks = page.evaluate("(after) => window.__longTasks.filter((t) => t.start >= after)", loaded)
     longest = max((t["ms"] for t in tasks), default=0)
@@ -302,13 +301,15 @@ def test_the_log_filters_by_rank_and_searches(page: Page, console, long_job):
              "the search over all sources did not find the line of each rank")
 
 
-# Whether the log's last line holds `text` and the panel is scrolled to its very end.
-LOG_AT_NEWEST_JS = """(text) => {
-  const el = document.getElementById("log");
-  const last = el.lastElementChild;
-  return !!last && last.textContent.includes(text)
-    && el.scrollTop + el.clientHeight >= el.scrollHeight - 2;
+# Whether the log's last line holds `text`, and whether the panel is also scrolled to its end.
+LOG_LAST_LINE_JS = """(text) => {
+  const last = document.getElementById("log").lastElementChild;
+  return !!last && last.textContent.includes(text);
 }"""
+LOG_AT_NEWEST_JS = f"""(text) => {{
+  const el = document.getElementById("log");
+  return ({LOG_LAST_LINE_JS})(text) && el.scrollTop + el.clientHeight >= el.scrollHeight - 2;
+}}"""
 LOG_SCROLLED_UP_JS = """() => { const el = document.getElementById("log");
   return el.scrollTop + el.clientHeight < el.scrollHeight - 300; }"""
 
@@ -336,8 +337,7 @@ def test_the_log_follows_its_newest_line_until_the_user_scrolls_up(page: Page, c
     page.mouse.wheel(0, -3000)
     wait_for(page, LOG_SCROLLED_UP_JS, None, "the wheel did not scroll the log up")
     say("while-reading")
-    wait_for(page, "() => document.getElementById('log').lastElementChild.textContent"
-             ".includes('while-reading 29')", None, "the lines sent while reading not added")
+    wait_for(page, LOG_LAST_LINE_JS, "while-reading 29", "the lines sent while reading not added")
     page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
     assert page.evaluate(LOG_SCROLLED_UP_JS), "the log jumped to the newest line while read"
     page.mouse.wheel(0, 1_000_000)
