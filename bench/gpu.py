@@ -14,14 +14,18 @@
 5. **checkpoint**: the runtime's training state (model, optimizer, GradScaler) of a model on
    the device is saved as a checkpoint (``runtime.checkpoint``), loaded into fresh objects on
    the device, compared tensor by tensor, and both copies then take the same step.
-6. **profile** (only when asked, ``--parts profile``): ``torch.profiler`` over the same 20
+6. **overhead**: the host's work per step on each side, in microseconds, on a model so small
+   (the MLP 8 wide, one sample a step) that a step is all launching and bookkeeping: the
+   regime a fast GPU puts a small model in. The difference is what the runtime itself adds
+   to every step; on a CPU it is the one figure here that says something about a GPU run;
+7. **profile** (only when asked, ``--parts profile``): ``torch.profiler`` over the same 20
    steps after the warm-up on each side (``bench/profiling.py``): the reads back to the host
    per step (each makes the host wait for the GPU), the host and device time per step, and
    the tables and timelines left in ``--profile-dir``.
 
 Run: ``.venv/bin/python bench/gpu.py [--device auto|cuda|cpu] [--quick]
 [--models resnet,transformer] [--rounds N] [--steps N] [--batch N]
-[--parts throughput,memory,checkpoint,profile] [--profile-dir DIR]``. On a machine
+[--parts throughput,memory,checkpoint,overhead,profile] [--profile-dir DIR]``. On a machine
 without a GPU (or with ``--device cpu``) the NVML parts say "no GPU" and are skipped; the
 rest runs on the CPU.
 Prints a table; the last line is one JSON object. This file is also the plain loop's script
@@ -60,8 +64,8 @@ from bench.runtime import (  # noqa: E402
 
 RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
 TARGET_RATIO = 0.97
-PARTS = ("throughput", "memory", "checkpoint", "profile")
-DEFAULT_PARTS = ("throughput", "memory", "checkpoint")
+PARTS = ("throughput", "memory", "checkpoint", "overhead", "profile")
+DEFAULT_PARTS = ("throughput", "memory", "checkpoint", "overhead")
 # (quick, full) per device. On a GPU the real ResNet-18 and a 4-layer-deep-enough encoder at
 # batches that keep it busy; on a CPU the narrow ResNet and short runs of bench/runtime.py.
 WORKLOADS = {
@@ -72,6 +76,9 @@ WORKLOADS = {
             "transformer": (Workload("transformer", 16, 10, 2, 128),
                             Workload("transformer", 32, 30, 3, 128))},
 }
+
+# (quick, full) of the overhead part, on any device: 8 wide, one sample a step.
+OVERHEAD = (Workload("mlp", 1, 400, 50, 8), Workload("mlp", 1, 3000, 100, 8))
 
 
 # -- the plain loop (the training script side) ----------------------------------------------
@@ -203,6 +210,19 @@ def throughput_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[st
             "fabric_amp": fabric_amp[0] or None}
 
 
+def overhead_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[str, Any]:
+    """Microseconds a step on each side (the median step, which a pause of the machine does
+    not move; the best of ``rounds`` alternating rounds), and what the runtime adds: its data
+    loading, seeding, step sums, reports and logs, beside the plain loop's DataLoader and
+    ``loss.item()``."""
+    fabric = plain = math.inf
+    for r in range(rounds):
+        fabric = min(fabric, 1e6 * run_fabric(tmp / f"overhead-fabric-{r}", w, device)[1])
+        plain = min(plain, 1e6 * run_plain(tmp / f"overhead-plain-{r}", w, device)[1])
+    return {"host_us_per_step_fabric": round(fabric, 1), "host_us_per_step_plain": round(plain, 1),
+            "host_overhead_us_per_step": round(fabric - plain, 1)}
+
+
 PROFILED_STEPS = 20
 
 
@@ -332,7 +352,7 @@ def checkpoint_part(tmp: Path, w: Workload, device_name: str) -> dict[str, Any]:
             "checkpoint_output_max_abs_diff": diff}
 
 
-def _summary(device: str, gpus: list, per_model: dict, memory: dict, ckpt: dict) -> dict:
+def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
     result: dict[str, Any] = {"device": device, "gpus": gpus,
                               "gpu": gpus[0]["model"] if gpus else "no GPU",
                               "target_ratio": TARGET_RATIO}
@@ -344,8 +364,8 @@ def _summary(device: str, gpus: list, per_model: dict, memory: dict, ckpt: dict)
         result[f"fabric_vs_plain_amp_{name}"] = (round(c["fabric_amp"] / c["amp"], 3)
                                                  if c["fabric_amp"] else None)
         result[f"amp_loss_finite_{name}"] = math.isfinite(c["amp_loss"])
-    result.update(memory)
-    result.update(ckpt)
+    for part in parts:  # memory, checkpoint, overhead: their keys as they are
+        result.update(part)
     return result
 
 
@@ -379,6 +399,11 @@ def _table(result: dict, per_model: dict, rounds: int) -> str:
         lines.append(f"checkpoint on {result['device']}: resumed state equal: "
                      f"{result['checkpoint_resume_equal']}, outputs differ by at most "
                      f"{result['checkpoint_output_max_abs_diff']:.3g}")
+    if "host_overhead_us_per_step" in result:
+        lines.append(f"host work a step (the MLP 8 wide, one sample): FabricModel "
+                     f"{result['host_us_per_step_fabric']:,.0f} us, plain "
+                     f"{result['host_us_per_step_plain']:,.0f} us; the runtime adds "
+                     f"{result['host_overhead_us_per_step']:,.0f} us")
     lines += _profile_lines(result)
     for name, error in result["failed_parts"].items():
         lines.append(f"FAILED {name}: {error}")
@@ -430,12 +455,13 @@ def _workloads(args: argparse.Namespace, device: str) -> dict[str, Workload]:
     return loads
 
 
-def _run_parts(parts: list[str], loads: dict[str, Workload], device: str, rounds: int,
-               profile_dir: Path | None, failed: dict[str, str]) -> dict[str, Any]:
+def _run_parts(parts: list[str], loads: dict[str, Workload], overhead: Workload, device: str,
+               rounds: int, profile_dir: Path | None, failed: dict[str, str]) -> dict[str, Any]:
     """Each part asked for, in order; what each measured (None for a part that failed)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     first = next(iter(loads.values()))
-    out: dict[str, Any] = {"throughput": {}, "profile": {}, "memory": {}, "checkpoint": {}}
+    out: dict[str, Any] = {"throughput": {}, "profile": {}, "memory": {}, "checkpoint": {},
+                           "overhead": {}}
     try:
         for n, w in loads.items() if "throughput" in parts else ():
             out["throughput"][n] = _part(f"throughput_{n}", failed, throughput_part, tmp, w,
@@ -452,6 +478,9 @@ def _run_parts(parts: list[str], loads: dict[str, Workload], device: str, rounds
         if "checkpoint" in parts:
             out["checkpoint"] = _part("checkpoint", failed, checkpoint_part, tmp / "checkpoint",
                                       first, device)
+        if "overhead" in parts:
+            out["overhead"] = _part("overhead", failed, overhead_part, tmp, overhead, device,
+                                    rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -473,10 +502,11 @@ def main() -> None:
         parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
     gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
     failed: dict[str, str] = {}
-    done = _run_parts(parts, _workloads(args, device), device, rounds, args.profile_dir,
-                      failed)
+    done = _run_parts(parts, _workloads(args, device), OVERHEAD[0 if args.quick else 1], device,
+                      rounds, args.profile_dir, failed)
     per_model = {n: c for n, c in done["throughput"].items() if c}
-    result = _summary(device, gpus, per_model, done["memory"] or {}, done["checkpoint"] or {})
+    result = _summary(device, gpus, per_model, done["memory"] or {}, done["checkpoint"] or {},
+                      done["overhead"] or {})
     result.update({f"profile_{n}": c for n, c in done["profile"].items() if c})
     result["failed_parts"] = failed
     print(_table(result, per_model, rounds))

@@ -2,6 +2,7 @@
 ``bench/gpu.py``), so every bench and both sides of each comparison train the same thing.
 
 - ``mlp``: 256-1024-1024-10, the model of every earlier measurement (``_model_and_data``);
+  ``width`` replaces its 1024 (``bench/gpu.py``'s overhead part trains a tiny one);
 - ``resnet``: ResNet-18 for 32x32 images (CIFAR's: a 3x3 stem, no max-pool, four stages of two
   basic blocks, batch norm), written here because torchvision is not installed; ``width`` is
   the first stage's channels (64 is the real ResNet-18; a narrower one keeps CPU runs short);
@@ -110,8 +111,9 @@ def build(name: str, samples: int, width: int | None = None) -> tuple[nn.Module,
     torch.manual_seed(0)
     model: nn.Module
     if name == "mlp":
-        model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN),
-                              nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+        hidden = width or HIDDEN
+        model = nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                              nn.ReLU(), nn.Linear(hidden, CLASSES))
     elif name == "resnet":
         model = ResNet18(width or 64)
     else:

@@ -38,6 +38,13 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
         assert result[f"amp_loss_finite_{name}"] is True
     assert result["checkpoint_resume_equal"] is True
     assert result["checkpoint_output_max_abs_diff"] == 0.0
+    # The overhead part: each side's microseconds a step, and what the runtime adds.
+    fabric, plain = result["host_us_per_step_fabric"], result["host_us_per_step_plain"]
+    assert fabric > 0 and plain > 0, (fabric, plain)
+    assert result["host_overhead_us_per_step"] == pytest.approx(fabric - plain, abs=0.11)
+    assert (f"host work a step (the MLP 8 wide, one sample): FabricModel {fabric:,.0f} us, "
+            f"plain {plain:,.0f} us; the runtime adds "
+            f"{result['host_overhead_us_per_step']:,.0f} us") in done.stdout, done.stdout
     # No CUDA run: the NVML memory figures are left out and the table says why.
     assert "gpu_memory_released" not in result
     assert "GPU memory: no GPU (skipped)" in done.stdout
@@ -109,8 +116,8 @@ def test_parts_choose_what_runs_and_an_unknown_part_is_refused(tmp_path):
     refused = subprocess.run([*bench, "--parts", "throughput,speed"], cwd=REPO,
                              capture_output=True, text=True, timeout=60, env=env)
     assert refused.returncode == 2
-    assert "unknown part(s) speed: choose from throughput, memory, checkpoint, profile" in (
-        refused.stderr)
+    assert ("unknown part(s) speed: choose from throughput, memory, checkpoint, overhead, "
+            "profile") in refused.stderr
 
 
 @pytest.mark.slow
