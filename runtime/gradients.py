@@ -80,9 +80,9 @@ def _buckets_of(params: list[torch.nn.Parameter]) -> list[list[torch.nn.Paramete
 class GradientBuckets:
     """The gradients of one member, summed over the group bucket by bucket.
 
-    A step: :meth:`zero`, the micro-batches' backward passes (the last one after
+    A step: :meth:`zero`, the micro-batches' backward passes (in a group, the last one after
     :meth:`seal`), then :meth:`finish`. Alone (a group of one) no buffer is used: backward's
-    own tensors are kept and dropped after each step.
+    own tensors are kept and dropped after each step, and there is no payload to sum.
     """
 
     def __init__(self, params: list[torch.nn.Parameter], optimizer: Any, n_payload: int) -> None:
@@ -128,18 +128,18 @@ class GradientBuckets:
         self._armed = overlap
 
     def finish(self, world: int, device: torch.device,
-               while_waiting: Callable[[], None] | None = None) -> torch.Tensor:
+               while_waiting: Callable[[], None] | None = None) -> torch.Tensor | None:
         """Start the buckets backward did not, run ``while_waiting`` (work of the coming
         step that needs nothing from this one) and wait for all; returns the summed
-        payload."""
-        payload = self._payload
-        assert payload is not None, "seal() comes before finish()"
+        payload, read to the host. Alone, there is nothing to sum or wait for: None."""
         self._armed = False
         if world == 1:
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)  # as a bucket's zero slice would be
-            return payload
+            return None
+        payload = self._payload
+        assert payload is not None, "seal() comes before finish()"
         with collective():
             if self._error is not None:
                 raise self._error

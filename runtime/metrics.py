@@ -31,19 +31,21 @@ class StepStats:
     (a check of the sample order), the *change* flag, then each metric x samples.
 
     What the host knows (samples, indices, the flag, values a user returned as numbers) is
-    kept as Python floats. Losses and metrics that are tensors stay on their device until the
-    step's sums are read back after backward, as a plain loop reads its loss once a step:
-    reading them as they come would make the host wait for the device after every forward
-    pass, before it could start backward. :meth:`sums` hands all of it to the all-reduce as
-    one float64 tensor on the step's device; :meth:`load` takes the group's sums back."""
+    kept as Python floats. Losses and metrics that are tensors stay on their device, as they
+    came, until the step's sums are read once after backward, as a plain loop reads its loss
+    once a step: reading them as they come would make the host wait for the device after
+    every forward pass, before it could start backward, and every operation on them is one
+    more launch on a GPU. :meth:`sums` hands all of it to the all-reduce as one float64
+    tensor on the step's device; :meth:`load` takes the group's sums back; alone, the values
+    are read as they are when first asked for."""
 
     LOSS, SAMPLES, INDEX_SUM, CHANGE, METRICS = 0, 1, 2, 3, 4
 
     def __init__(self, n_metrics: int) -> None:
         self.values = [0.0] * (self.METRICS + n_metrics)
         self.n_metrics = n_metrics
-        # Slot -> this step's running sum (value x samples) of the tensors added there.
-        self._on_device: dict[int, torch.Tensor] = {}
+        # (slot, value, samples) of each tensor added: a 0-dim tensor on its own device.
+        self._on_device: list[tuple[int, torch.Tensor, int]] = []
 
     def __len__(self) -> int:
         return len(self.values)
@@ -51,14 +53,14 @@ class StepStats:
     def sums(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """Every sum as one float64 tensor on ``device``, without reading the device."""
         out = torch.tensor(self.values, dtype=torch.float64).to(device, non_blocking=True)
-        for slot, total in self._on_device.items():
-            out[slot] += total.to(device)
+        for slot, value, n in self._on_device:
+            out[slot] += value.to(device, torch.float64) * n
         return out
 
     def load(self, summed: torch.Tensor) -> None:
         """Take the sums, as the all-reduce left them (here the host waits for the step)."""
         self.values = [float(v) for v in summed.tolist()]
-        self._on_device = {}
+        self._on_device = []
 
     def add(self, indices: list[int], loss: Any, metrics: list[Any]) -> None:
         """Count one micro-batch: its sample indices, its loss and metric values."""
@@ -73,16 +75,20 @@ class StepStats:
         if not isinstance(value, torch.Tensor):
             self.values[slot] += float(value) * n
             return
-        # The mean of a tensor, as a number's value would be taken; float64, as the host's.
-        part = value.detach().double().mean() * n
-        total = self._on_device.get(slot)
-        self._on_device[slot] = part if total is None else total + part
+        value = value.detach()
+        if value.dim():  # the mean of a tensor, as a number's value would be taken
+            value = value.double().mean()
+        self._on_device.append((slot, value, n))
 
     def _settled(self) -> list[float]:
-        """The values, once the tensors added are read back (the worker has loaded the
-        group's sums by the time it asks)."""
+        """The values, the tensors added read back: once, all together, the first time
+        anything is asked (the worker has loaded the group's sums by then, if it has a
+        group)."""
         if self._on_device:
-            self.load(self.sums())
+            read = _read([value for _, value, _ in self._on_device])
+            for (slot, _, n), value in zip(self._on_device, read, strict=True):
+                self.values[slot] += value * n
+            self._on_device = []
         return self.values
 
     @property
@@ -112,3 +118,13 @@ class StepStats:
         for i, name in enumerate(names):
             out[name] = v[self.METRICS + i] / n
         return out
+
+
+def _read(values: list[torch.Tensor]) -> list[float]:
+    """0-dim tensors as Python floats, with one copy to the host where they share a device
+    (one wait for the device, not one each)."""
+    if len(values) == 1:
+        return [values[0].item()]
+    if len({v.device for v in values}) == 1:
+        return torch.stack(values).tolist()  # in the widest of their dtypes
+    return [v.item() for v in values]

@@ -224,16 +224,17 @@ class Trainer:
         futures = self.batches.step(epoch, step, self.group.rank, world)
         self.callbacks.fire("on_batch_begin", step)
         stats, own = self._compute(epoch, step, futures)
-        summed = self.grads.finish(world, self.device, while_waiting=self.batches.ahead)
-        stats.load(summed[: self.n_stats])
-        local = StepStats(len(self.metric_fns))  # this rank's own, for its logger
-        local.load(own[: self.n_stats])
-        self.running.finish(summed[self.n_stats:])
+        local = self._sum(stats, own)
+        self.optim.step()
+        self.grads.zero(world)
+        # Alone, nothing has been read from the device yet: the update is queued behind the
+        # backward pass, and the next batch is read while a GPU runs them, before the host
+        # waits for the step's loss. (A non-finite loss fails the job: the update it made is
+        # never kept.)
+        self.batches.ahead()
         loss = stats.loss()
         if not math.isfinite(loss):
             raise UserCodeError(f"loss is {loss} at epoch {epoch} iteration {step + 1}")
-        self.optim.step()
-        self.grads.zero(world)
         self.pos.step += 1
         self.pos.global_step += 1
         self.pos.samples_seen += stats.samples
@@ -243,11 +244,26 @@ class Trainer:
         self.callbacks.fire("on_batch_end", step, metrics)
         return stats.changed
 
+    def _sum(self, stats: StepStats, own: torch.Tensor | None) -> StepStats:
+        """The group's sums into ``stats``, and into the BatchNorm layers; returns this rank's
+        own, for its logger. In a group they are read here, before the update: a collective
+        that failed must stop the step while the weights are still the step's. Alone, there
+        is nothing to sum, and ``stats`` is both."""
+        summed = self.grads.finish(self.group.world, self.device,
+                                   while_waiting=self.batches.ahead)
+        if summed is None or own is None:
+            return stats
+        stats.load(summed[: self.n_stats])
+        self.running.finish(summed[self.n_stats:])
+        local = StepStats(len(self.metric_fns))
+        local.load(own[: self.n_stats])
+        return local
+
     def _compute(self, epoch: int, step: int,
-                 futures: list[Future]) -> tuple[StepStats, torch.Tensor]:
+                 futures: list[Future]) -> tuple[StepStats, torch.Tensor | None]:
         """Forward and backward over this rank's micro-batches; returns the step's sums
-        (the group's once :meth:`GradientBuckets.finish` is done) and this rank's own, as
-        the payload it handed to the all-reduce."""
+        (the group's once :meth:`_sum` is done) and, in a group, this rank's own, as the
+        payload it handed to the all-reduce."""
         g = self.group
         micro = self.sampler.micro_batches(epoch, step)
         mine = range(g.rank, len(micro), g.world)  # the sampler's round robin
@@ -266,7 +282,7 @@ class Trainer:
                              stats, last)
         if accum is not None:
             accum.restore()
-        if self._sealed is None:  # no micro-batch here, or a fn_step_train's own backward
+        if accum is not None or not mine:  # a fn_step_train's own backward, or no micro-batch
             self._seal(stats, overlap=False)
         own, self._sealed = self._sealed, None
         return stats, own
@@ -274,14 +290,16 @@ class Trainer:
     _sealed: torch.Tensor | None = None
 
     def _seal(self, stats: StepStats, overlap: bool) -> None:
-        """This rank's sums are final: raise the change flag if the driver asked, and hand
-        them to the all-reduce (which leaves this rank's own payload as it was)."""
+        """This rank's sums are final: raise the change flag if the driver asked, and, in a
+        group, hand them to the all-reduce (which leaves this rank's own payload as it was)."""
         if self.members.change_pending():
             stats.raise_change()
+        if self.group.world == 1:
+            return  # nothing to sum: the values stay where they are until read
         parts = [stats.sums(self.device)]
         if self.running.size:  # the model has BatchNorm layers
             parts.append(self.running.payload())
-        self._sealed = torch.cat(parts)
+        self._sealed = torch.cat(parts) if len(parts) > 1 else parts[0]
         self.grads.seal(self._sealed, self.group.world, overlap)
 
     def _micro_step(self, x: Any, y: Any, idx: list[int], where: tuple[int, int, int],

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from runtime import FabricModel
 from runtime.gradients import GradientBuckets, _pack, _unpack
@@ -50,6 +51,31 @@ def device_reads() -> Iterator[list[str]]:
             setattr(torch.Tensor, name, fn)
 
 
+class _Operations(TorchFunctionMode):
+    """Every torch function and tensor method called while inside, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_alone_counting_and_reading_the_loss_is_the_plain_loops_one_item() -> None:
+    """On a GPU each tensor operation is a kernel the host launches, and a small model's step
+    is made of the host's time: counting the loss adds no operation (``detach`` is a view,
+    ``dim`` a shape), and reading it is a plain loop's one ``.item()``."""
+    loss = torch.tensor(2.5, requires_grad=True) * 1
+    stats = StepStats(0)
+    with _Operations() as ops:
+        stats.add([0, 1], loss, [])
+        value = stats.loss()
+    assert [op for op in ops.seen if op not in ("detach", "dim")] == ["item"], ops.seen
+    assert value == 2.5 and stats.samples == 2
+
+
 def test_step_sums_stay_where_the_loss_is_until_they_are_read() -> None:
     stats = StepStats(n_metrics=2)
     with device_reads() as reads:
@@ -59,6 +85,19 @@ def test_step_sums_stay_where_the_loss_is_until_they_are_read() -> None:
     assert reads == []
     assert _unpack(payload).tolist() == [18.0, 6.0, 15.0, 0.0, 4.0, 5.0]
     assert stats.means(["a", "b"]) == pytest.approx({"loss": 3.0, "a": 4 / 6, "b": 5 / 6})
+
+
+def test_alone_the_steps_values_are_read_once_all_together() -> None:
+    # A loss and a metric of each of two micro-batches, in two dtypes: one copy to the host.
+    stats = StepStats(n_metrics=2)
+    stats.add([0, 1, 2, 3], torch.tensor(2.0), [torch.tensor([0.25, 0.75]), 1.0])
+    stats.add([4, 5], torch.tensor(5.0, dtype=torch.bfloat16), [torch.tensor(1.0), 0.5])
+    with device_reads() as reads:
+        means = stats.means(["a", "b"])
+        loss = stats.loss()
+    assert len(reads) == 1 and reads[0].startswith("tolist at"), reads
+    assert means == pytest.approx({"loss": 3.0, "a": 4 / 6, "b": 5 / 6})
+    assert loss == 3.0 and stats.samples == 6 and stats.index_sum == 15
 
 
 def test_sealing_the_sums_into_a_gradient_bucket_reads_nothing(one_process_group) -> None:
@@ -108,14 +147,17 @@ class _Watched(nn.Module):
 def test_a_training_step_reads_nothing_between_forward_and_backward(
         standalone_env, tmp_path: Path) -> None:
     """On the CPU here; on a machine with a GPU the same run trains on CUDA (the runtime's
-    choice), where CUDA's sync debug mode also guards the window."""
+    choice), where CUDA's sync debug mode also guards the window. Alone, the step's one read
+    comes after the update is launched, as a plain loop's ``loss.item()`` does: the GPU then
+    runs the update while the host waits, instead of waiting for the host to launch it."""
     g = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(24, 4, generator=g),
                                           torch.randint(0, 3, (24,), generator=g))
     with device_reads() as log:
         model = _Watched(log)
-        fm = FabricModel(model, lambda: (data, None), F.cross_entropy,
-                         torch.optim.SGD(model.parameters(), lr=0.1),
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer.register_step_pre_hook(lambda *_: log.append("update"))
+        fm = FabricModel(model, lambda: (data, None), F.cross_entropy, optimizer,
                          metrics=[lambda out, y: (out.argmax(1) == y).float().mean()])
         try:
             fm.train(2, 4, 1, num_dataloader_threads=0, validation_freq=0, checkpoint_freq=0)
@@ -127,5 +169,10 @@ def test_a_training_step_reads_nothing_between_forward_and_backward(
     for i in starts:
         end = log.index("backward ends", i)
         assert log[i + 1: end] == [], f"read between a forward pass and its backward: {log}"
-        # The step's sums are read once its backward is done (the recorder does see reads).
-        assert "tolist at" in log[end + 1], log[end: end + 3]
+        # Alone, the update is launched first, then the step's loss and metric are read, in
+        # one copy to the host (the recorder does see reads).
+        assert log[end + 1] == "update", log[end: end + 3]
+        assert "tolist at" in log[end + 2], log[end: end + 4]
+        rest = log[end + 3:]
+        rest = rest[:rest.index("forward begins")] if "forward begins" in rest else rest
+        assert not any("metrics.py" in r for r in rest), log[end: end + 6]
