@@ -116,12 +116,10 @@ class GradientBuckets:
             for b in self.buckets:
                 b.waiting = len(b.views)
 
-    def seal(self, payload: torch.Tensor, world: int, overlap: bool) -> None:
-        """The step's sums (float64) are final; with ``overlap``, the coming backward starts
-        each bucket's all-reduce as soon as it is ready."""
+    def seal(self, payload: torch.Tensor, overlap: bool) -> None:
+        """In a group, the step's sums (float64) are final; with ``overlap``, the coming
+        backward starts each bucket's all-reduce as soon as it is ready."""
         self._payload = payload
-        if world == 1:
-            return
         stats = self.buckets[-1].stats if self.buckets else None
         if stats is not None:
             stats.copy_(_pack(payload))

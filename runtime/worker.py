@@ -300,7 +300,7 @@ class Trainer:
         if self.running.size:  # the model has BatchNorm layers
             parts.append(self.running.payload())
         self._sealed = torch.cat(parts) if len(parts) > 1 else parts[0]
-        self.grads.seal(self._sealed, self.group.world, overlap)
+        self.grads.seal(self._sealed, overlap)
 
     def _micro_step(self, x: Any, y: Any, idx: list[int], where: tuple[int, int, int],
                     scale: float, accum: Accumulator | None, stats: StepStats,

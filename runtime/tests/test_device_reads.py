@@ -109,8 +109,7 @@ def test_sealing_the_sums_into_a_gradient_bucket_reads_nothing(one_process_group
     with device_reads() as reads:
         loss = model(torch.ones(4, 3)).pow(2).mean()
         stats.add([7, 8, 9, 10], loss, [])
-        buckets.seal(torch.cat([stats.sums(), torch.zeros(1, dtype=torch.float64)]), world=2,
-                     overlap=True)
+        buckets.seal(torch.cat([stats.sums(), torch.zeros(1, dtype=torch.float64)]), overlap=True)
         loss.backward()
     assert reads == []
     summed = buckets.finish(world=2, device=torch.device("cpu"))

@@ -63,7 +63,7 @@ def test_a_bucket_is_reduced_while_backward_is_still_running(monkeypatch,
     first.register_hook(lambda g: started_before_the_first_layer.append(len(buckets._works)))
     buckets.zero(world=2)
     payload = torch.tensor([1.0, 2.0, 3.0, 1.0], dtype=torch.float64)
-    buckets.seal(payload, world=2, overlap=True)
+    buckets.seal(payload, overlap=True)
     x = torch.randn(8, 64)
     model(x).pow(2).sum().backward()
     started_when_waiting: list[int] = []
@@ -89,7 +89,7 @@ def test_buckets_start_in_order_whatever_order_they_are_ready_in(monkeypatch,
     params = list(model.parameters())
     buckets = GradientBuckets(params, torch.optim.SGD(params, lr=0.1), n_payload=4)
     buckets.zero(world=2)
-    buckets.seal(torch.zeros(4, dtype=torch.float64), world=2, overlap=True)
+    buckets.seal(torch.zeros(4, dtype=torch.float64), overlap=True)
     second = buckets.buckets[1]
     for p, _ in second.views:
         buckets._accumulated(p)
@@ -107,7 +107,7 @@ def test_a_parameter_backward_never_reaches_is_reduced_as_zero(one_process_group
     params = list(used.parameters()) + list(unused.parameters())
     buckets = GradientBuckets(params, torch.optim.SGD(params, lr=0.1), n_payload=4)
     buckets.zero(world=2)
-    buckets.seal(torch.zeros(4, dtype=torch.float64), world=2, overlap=True)
+    buckets.seal(torch.zeros(4, dtype=torch.float64), overlap=True)
     used(torch.ones(2, 4)).sum().backward()
     buckets.finish(world=2, device=CPU)
     assert all(p.grad is not None and not p.grad.any() for p in unused.parameters())

@@ -61,7 +61,7 @@ def test_gradient_buckets_take_backwards_fresh_gradients_into_the_buffer(
         want = {p: torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params}
         stats = StepStats(0)
         stats.add([1, 2], 1.0, [])
-        buckets.seal(stats.sums(), world=2, overlap=False)
+        buckets.seal(stats.sums(), overlap=False)
         stats.load(buckets.finish(world=2, device=torch.device("cpu")))
         # The optimizer finds the group's sums (a group of one here) in the buffer.
         for p in params:
@@ -75,7 +75,6 @@ def test_alone_the_gradients_are_backwards_own_tensors() -> None:
     buckets = GradientBuckets(list(model.parameters()), opt, len(StepStats(0)))
     buckets.zero(world=1)
     assert all(p.grad is None for p in model.parameters())
-    buckets.seal(StepStats(0).sums(), world=1, overlap=True)
     buckets.finish(world=1, device=torch.device("cpu"))
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
 
