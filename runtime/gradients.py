@@ -100,8 +100,10 @@ class GradientBuckets:
         self._armed = False
         self._payload: torch.Tensor | None = None
         self._error: BaseException | None = None
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._accumulated)
+        # The hooks that start buckets during backward; only in a group. Alone, each would
+        # still be a Python call per parameter in every backward, and on a GPU a wait for
+        # the interpreter from the thread that runs backward.
+        self._hooks: list[Any] = []
 
     # -- a step ----------------------------------------------------------------------
     def zero(self, world: int) -> None:
@@ -112,9 +114,20 @@ class GradientBuckets:
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.params:
             p.grad = None  # parameters the optimizer does not hold too
+        self._hook(world > 1)
         if world > 1:
             for b in self.buckets:
                 b.waiting = len(b.views)
+
+    def _hook(self, grouped: bool) -> None:
+        """Hooks on every parameter in a group, none alone (between backward passes only)."""
+        if grouped and not self._hooks:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._accumulated)
+                           for p in self.params]
+        elif not grouped and self._hooks:
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
 
     def seal(self, payload: torch.Tensor, overlap: bool) -> None:
         """In a group, the step's sums (float64) are final; with ``overlap``, the coming

@@ -117,6 +117,28 @@ def test_sealing_the_sums_into_a_gradient_bucket_reads_nothing(one_process_group
     assert summed[StepStats.LOSS].item() == pytest.approx(4 * loss.item())
 
 
+def test_alone_backward_calls_no_python_per_parameter(one_process_group) -> None:
+    """Backward calls a Python hook per parameter only where it starts all-reduces: in a
+    group. Alone, each call would cost the host a few microseconds a parameter every step
+    (ResNet-18 has 62), and on a GPU a wait for the interpreter from backward's thread."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    params = list(model.parameters())
+    buckets = GradientBuckets(params, torch.optim.SGD(params, lr=0.1), 5)
+    calls: list[nn.Parameter] = []
+    buckets._accumulated = calls.append  # what backward's hooks call, where there are any
+
+    def backward_at(world: int) -> int:
+        calls.clear()
+        buckets.zero(world)
+        model(torch.ones(2, 3)).sum().backward()
+        return len(calls)
+
+    assert backward_at(1) == 0, "a lone member's backward called the bucket hooks"
+    assert backward_at(2) == len(params), "in a group, backward must reach every bucket hook"
+    assert backward_at(2) == len(params), "the hooks were registered twice"
+    assert backward_at(1) == 0, "the hooks stayed after the group shrank to one member"
+
+
 class _Watched(nn.Module):
     """A small model with dropout and BatchNorm that notes where each step's forward pass
     begins and its backward pass ends, beside the reads. On a GPU, CUDA's own check is on
