@@ -127,6 +127,8 @@ class Trainer:
         self.grads = GradientBuckets(self.params, self.optimizer, self.n_stats + self.running.size)
         self.grads.zero(world=1)  # no group yet
         self.worker_logger = fm.worker_logger_callback or QuietLogger()
+        # Without a logger of the script's, a step's own metrics go nowhere: none are made.
+        self._worker_logs = fm.worker_logger_callback is not None
         self.state = TrainingState(self.model, self.optimizer, self.optim.stateful())
         self.members = membership_for(env, self.state, self.backend, fm.driver_logger_callback)
 
@@ -363,7 +365,7 @@ class Trainer:
                   metrics: dict[str, float]) -> None:
         """This worker's own metrics to its logger; rank 0 reports the group's."""
         g = self.group
-        if local.samples > 0:
+        if local.samples > 0 and self._worker_logs:
             log_metrics(self.worker_logger, "log_train_metrics", local.means(self.metric_names),
                         self.worker_iterations, epoch, g.world)
         if g.rank != 0:
