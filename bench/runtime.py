@@ -134,14 +134,18 @@ def as_ddp() -> None:
         for x, y in loader:
             t0 = time.time()
             optimizer.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
             optimizer.step()
+            # A real loop reads its loss, as the runtime does every step: on a GPU that is
+            # where the host waits for the device, so the step's end is the device's.
+            value = loss.item()
             step += 1
             if rank == 0 and log:
                 with open(log, "a") as f:
                     f.write(json.dumps({"size": world, "samples": len(x) * world,
                                         "ts_start": t0, "ts": time.time(),
-                                        "global_step": step}) + "\n")
+                                        "global_step": step, "loss": value}) + "\n")
     dist.destroy_process_group()
 
 
