@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.hooks import RemovableHandle
 
 from .process_group import all_reduce_cpu, collective, wait_for
 
@@ -82,7 +83,8 @@ class GradientBuckets:
 
     A step: :meth:`zero`, the micro-batches' backward passes (in a group, the last one after
     :meth:`seal`), then :meth:`finish`. Alone (a group of one) no buffer is used: backward's
-    own tensors are kept and dropped after each step, and there is no payload to sum.
+    own tensors are kept and dropped after each step, there is no payload to sum, and
+    backward calls no hook of ours.
     """
 
     def __init__(self, params: list[torch.nn.Parameter], optimizer: Any, n_payload: int) -> None:
@@ -103,7 +105,7 @@ class GradientBuckets:
         # The hooks that start buckets during backward; only in a group. Alone, each would
         # still be a Python call per parameter in every backward, and on a GPU a wait for
         # the interpreter from the thread that runs backward.
-        self._hooks: list[Any] = []
+        self._hooks: list[RemovableHandle] = []
 
     # -- a step ----------------------------------------------------------------------
     def zero(self, world: int) -> None:
