@@ -244,7 +244,3 @@ class LoggerCallback:
 
     def on_train_end(self) -> None:
         pass
-
-
-class QuietLogger(LoggerCallback):
-    """Default worker logger: the driver already logs the aggregated metrics."""

@@ -37,7 +37,7 @@ import torch
 
 from . import allocator, context, events
 from .batchnorm import RunningStats
-from .callbacks import QuietLogger, UserCallbacks, call, log_metrics
+from .callbacks import UserCallbacks, call, log_metrics
 from .config import JobEnv
 from .data import Batches, load_datasets
 from .errors import PeerFailure, UserCodeError
@@ -126,9 +126,9 @@ class Trainer:
         self.n_stats = len(StepStats(len(self.metric_fns)))
         self.grads = GradientBuckets(self.params, self.optimizer, self.n_stats + self.running.size)
         self.grads.zero(world=1)  # no group yet
-        self.worker_logger = fm.worker_logger_callback or QuietLogger()
-        # Without a logger of the script's, a step's own metrics go nowhere: none are made.
-        self._worker_logs = fm.worker_logger_callback is not None
+        # None when the script gives none: the driver already logs the group's metrics, and
+        # ``call`` / ``log_metrics`` do nothing then (nor is a step's own metrics made).
+        self.worker_logger: Any = fm.worker_logger_callback
         self.state = TrainingState(self.model, self.optimizer, self.optim.stateful())
         self.members = membership_for(env, self.state, self.backend, fm.driver_logger_callback)
 
@@ -365,7 +365,7 @@ class Trainer:
                   metrics: dict[str, float]) -> None:
         """This worker's own metrics to its logger; rank 0 reports the group's."""
         g = self.group
-        if local.samples > 0 and self._worker_logs:
+        if local.samples > 0 and self.worker_logger is not None:
             log_metrics(self.worker_logger, "log_train_metrics", local.means(self.metric_names),
                         self.worker_iterations, epoch, g.world)
         if g.rank != 0:
