@@ -273,14 +273,11 @@ def _watch(procs: _Procs, names: list[str], pred: Callable[[], Any]) -> Callable
 # -- torchrun ----------------------------------------------------------------------------
 def _agent_cmd(port: int, is_host: bool) -> list[str]:
     # The first agent hosts the c10d store (is_host), the others connect to it: no start-up
-    # race, so no sleep between the agents. torchrun takes its rendezvous settings from
-    # PET_RDZV_CONF when no flag gives them; the flag here would hide that, so any set there
-    # are kept beside is_host.
-    conf = ",".join(filter(None, [f"is_host={int(is_host)}", os.environ.get("PET_RDZV_CONF")]))
+    # race, so no sleep between the agents.
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:4",
             "--nproc-per-node=1", "--max-restarts=3", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=peers",
-            f"--rdzv-conf={conf}", SELF, "--as", "torchrun"]
+            f"--rdzv-conf=is_host={int(is_host)}", SELF, "--as", "torchrun"]
 
 
 def _torchrun_pair(procs: _Procs, tmp: Path, **extra: str) -> tuple[int, dict[str, str]]:

@@ -16,9 +16,6 @@ import redis
 from tests.benches.support import BenchRun
 
 SIGTERM_EXIT, SIGINT_EXIT = 128 + signal.SIGTERM, 128 + signal.SIGINT
-# torchrun's rendezvous waits 30 s by default for more nodes than the two these benches start
-# before it starts any worker; what is tested here starts once the workers are up.
-QUICK_RENDEZVOUS = {"PET_RDZV_CONF": "last_call_timeout=1"}
 # Each test's own waits are bounded (start-up up to 300 s on a loaded machine, then 60 s for
 # the bench to exit and 10 s for its processes): the suite's 300 s default is too short.
 pytestmark = pytest.mark.timeout(600)
@@ -63,7 +60,7 @@ def _other_sessions(run: BenchRun) -> int:
 def test_runtime_bench_ends_torchrun_agents_and_their_workers_on_sigterm(bench):
     # The case: two torchrun agents, each in its own session, each with a worker that
     # torchrun starts in yet another session.
-    run = bench("runtime.py", "--parts", "torchrun", env=QUICK_RENDEZVOUS)
+    run = bench("runtime.py", "--parts", "torchrun")
     run.wait_until(lambda r: r.count("train.py") >= 4, "2 torchrun agents and 2 workers", 240)
     assert _other_sessions(run) >= 4
     assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
@@ -79,7 +76,7 @@ def test_runtime_bench_ends_its_job_on_sigint(bench):
 
 @pytest.mark.slow
 def test_peers_bench_ends_torchrun_on_sigterm(bench):
-    run = bench("peers.py", "--repeat", "1", env=QUICK_RENDEZVOUS)
+    run = bench("peers.py", "--repeat", "1")
     run.wait_until(lambda r: r.count("--as torchrun") >= 4, "2 torchrun agents and 2 workers",
                    240)
     assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
