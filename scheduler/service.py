@@ -325,10 +325,20 @@ class SchedulerLoop:
                 self.stopping.wait(min(left, 1.0))
                 continue
             if message is not None:
-                while pubsub.get_message(timeout=0.05) is not None:
-                    pass
                 log.debug("woken: %s", _decode(message.get("data")))
+                _drain(pubsub)
                 return
+
+
+def _drain(pubsub) -> None:
+    """Drop the wake-ups queued behind the first: one cycle answers them all. Redis going
+    away meanwhile (a restart, or ``up`` stopping) ends the draining, not the scheduler: the
+    next wait meets the outage and rides it out."""
+    try:
+        while pubsub.get_message(timeout=0.05) is not None:
+            pass
+    except redis.RedisError:
+        pass
 
 
 def _decode(data: object) -> object:

@@ -360,6 +360,48 @@ def test_it_runs_two_loops_with_one_leader_and_fails_over(redis_client):
             t.join(timeout=5)
 
 
+class _PubSubCutMidBurst:
+    """A wake-up arrives; Redis closes the connection while the loop reads the burst behind
+    it; the loop's next wait stops it (having got that far is what is asserted)."""
+
+    def __init__(self) -> None:
+        self.loop: SchedulerLoop | None = None
+        self.reads = 0
+
+    def subscribe(self, channel: str) -> None:
+        pass
+
+    def get_message(self, timeout: float):
+        self.reads += 1
+        if self.reads == 1:
+            return {"type": "message", "data": b'"job.submitted"'}
+        if self.reads == 2:
+            raise redis.ConnectionError("Connection closed by server.")
+        self.loop.stop()
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_redis_going_away_during_a_burst_of_wake_ups_does_not_end_the_loop(
+    redis_client, monkeypatch
+):
+    # It happened as `up` stopped: jobs ending published a burst, then Redis went first.
+    key = f"edt:test:scheduler:lock:{uuid.uuid4().hex}"
+    assert LeaderLock(redis_client, key, ttl_s=30).acquire()  # another instance leads
+    pubsub = _PubSubCutMidBurst()
+    monkeypatch.setattr(redis_client, "pubsub", lambda **kwargs: pubsub)
+    pubsub.loop = SchedulerLoop(SchedulerService(RecordingExecutor()), client=redis_client,
+                                lock_key=key, lock_ttl_s=30, interval_s=0.1)
+    try:
+        pubsub.loop.run()  # raised ConnectionError out of the loop before the fix
+    finally:
+        redis_client.delete(key)
+    assert pubsub.reads == 3, "the loop did not wait again after the connection was lost"
+    assert not pubsub.loop.is_leader
+
+
 def test_it_resends_the_grant_of_a_slot_whose_supervisor_is_silent(
     owner, model_def, cluster, executor, django_capture_on_commit_callbacks
 ):
