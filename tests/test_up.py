@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from config import tls
-from console.management.commands.up import port_free, web_argv
+from console.management.commands.up import Child, _stop_children, port_free, web_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,6 +79,48 @@ def test_up_starts_everything_on_embedded_defaults_and_stops_cleanly(tmp_path):
     assert leftovers.stdout.strip() == "", leftovers.stdout
     for name in ("redis", "web", "scheduler", "events", "agent"):
         assert re.search(rf"^starting {name}$", output(), re.MULTILINE), output()
+    # Every service stopped while Redis still answered: none lost its last events or died
+    # of the connection closing under it.
+    assert "Traceback" not in output(), output()[-8000:]
+    assert "could not publish" not in output(), output()[-8000:]
+
+
+class _Process:
+    """A child's process as ``up`` stops it: it records what it is told and, when
+    ``hangs``, does not exit on SIGTERM."""
+
+    def __init__(self, name: str, events: list[str], hangs: bool = False) -> None:
+        self.name, self.events, self.hangs, self.returncode = name, events, hangs, None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.events.append(f"terminate {self.name}")
+
+    def kill(self) -> None:
+        self.events.append(f"kill {self.name}")
+        self.hangs = False
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.hangs:
+            raise subprocess.TimeoutExpired(self.name, timeout)
+        self.events.append(f"exited {self.name}")
+        self.returncode = 0
+        return 0
+
+
+def test_up_stops_redis_only_once_every_service_has_exited():
+    events: list[str] = []
+    names = ("redis", "web", "scheduler", "events", "agent")
+    children = [Child(n, [], proc=_Process(n, events, hangs=n == "agent")) for n in names]
+    _stop_children(children)
+    # The services in reverse start order (the agent first); the hung one is killed.
+    assert events[:4] == [f"terminate {n}" for n in reversed(names[1:])], events
+    assert "kill agent" in events
+    redis_told = events.index("terminate redis")
+    assert all(events.index(f"exited {n}") < redis_told for n in names[1:]), events
+    assert events[-1] == "exited redis", events
 
 
 def _wait_for_the_host(base: str, output) -> str:

@@ -176,13 +176,24 @@ def port_free(host: str, port: int) -> bool:
 
 
 def _stop_children(children: list[Child]) -> None:
-    """Terminate in reverse start order (the agent before Redis), then wait for each."""
-    for child in reversed(children):
+    """Stop the services, then Redis. The services use Redis on their way out (the agent
+    publishes the slots its jobs release, the scheduler drops its lock): stopped together,
+    Redis is gone first and those last events are lost."""
+    services = [c for c in reversed(children) if c.name != "redis"]
+    _terminate_and_wait(services)
+    _terminate_and_wait([c for c in children if c.name == "redis"])
+
+
+def _terminate_and_wait(children: list[Child]) -> None:
+    """SIGTERM to each (in the order given), then wait for each, killing one that takes more
+    than 20 s."""
+    for child in children:
         if child.proc and child.proc.poll() is None:
             child.proc.terminate()
-    for child in reversed(children):
+    for child in children:
         if child.proc:
             try:
                 child.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 child.proc.kill()
+                child.proc.wait()
