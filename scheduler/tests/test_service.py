@@ -8,6 +8,8 @@ implementation is covered by ``agent/tests`` and ``tests/e2e``."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -19,6 +21,7 @@ from django.conf import settings as django_settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from config.embedded_redis import redis_server_argv
 from jobs import states
 from jobs.models import RELEASE_FORCED, RELEASE_HOST_LOST, SlotAllocation, TrainingJob
 from jobs.services import job_kill, job_set_priority, job_submit
@@ -400,6 +403,79 @@ def test_redis_going_away_during_a_burst_of_wake_ups_does_not_end_the_loop(
         redis_client.delete(key)
     assert pubsub.reads == 3, "the loop did not wait again after the connection was lost"
     assert not pubsub.loop.is_leader
+
+
+def _wait_until(check, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.05)
+
+
+class _OwnRedis:
+    """A redis-server of the test's own, which it can kill and start again on one port."""
+
+    def __init__(self, folder) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.folder = folder
+        self.proc: subprocess.Popen | None = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+    def _answers(self) -> bool:
+        try:
+            return bool(self.client().ping())
+        except redis.RedisError:
+            return False
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(redis_server_argv(self.port, self.folder),
+                                     stdout=subprocess.DEVNULL)
+        _wait_until(self._answers, f"redis-server on port {self.port}", timeout=20)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
+    # Cycles come only from wake-ups here (the timer is 60 s): a loop that lost its
+    # subscription with the connection would stay asleep after the restart.
+    server = _OwnRedis(tmp_path / "redis")
+    server.start()
+    channel = f"edt:test:wake:{uuid.uuid4().hex}"
+    loop = SchedulerLoop(SchedulerService(RecordingExecutor()), client=server.client(),
+                         lock_key=f"edt:test:scheduler:lock:{uuid.uuid4().hex}",
+                         lock_ttl_s=120, interval_s=60, channel=channel)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    publisher = server.client()
+
+    def woken_by(what: str) -> None:
+        _wait_until(lambda: publisher.publish(channel, b"{}") == 1, f"the loop subscribed {what}")
+        before = loop.cycles
+        _wait_until(lambda: loop.cycles > before, f"a cycle after a wake-up {what}")
+
+    try:
+        _wait_until(lambda: loop.cycles == 1, "the loop's first cycle")
+        woken_by("before the restart")
+        for _ in range(200):  # a burst in flight as Redis dies, as when jobs end together
+            publisher.publish(channel, b"{}")
+        server.kill()
+        server.start()  # empty: no lock, no subscriber until the loop comes back
+        publisher = server.client()
+        woken_by("after the restart")
+        assert thread.is_alive() and loop.is_leader
+    finally:
+        loop.stop()
+        thread.join(timeout=10)
+        server.kill()
+    assert not thread.is_alive()
 
 
 def test_it_resends_the_grant_of_a_slot_whose_supervisor_is_silent(
