@@ -442,34 +442,61 @@ class _OwnRedis:
             self.proc.wait(10)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
-    # Cycles come only from wake-ups here (the timer is 60 s): a loop that lost its
-    # subscription with the connection would stay asleep after the restart.
-    server = _OwnRedis(tmp_path / "redis")
-    server.start()
+def _woken_loop(server: _OwnRedis) -> tuple[SchedulerLoop, threading.Thread, str]:
+    """A running loop on ``server`` that cycles only when woken (its timer is 60 s); the
+    channel it listens on."""
     channel = f"edt:test:wake:{uuid.uuid4().hex}"
     loop = SchedulerLoop(SchedulerService(RecordingExecutor()), client=server.client(),
                          lock_key=f"edt:test:scheduler:lock:{uuid.uuid4().hex}",
                          lock_ttl_s=120, interval_s=60, channel=channel)
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
+    return loop, thread, channel
+
+
+def _wake(server: _OwnRedis, loop: SchedulerLoop, channel: str, when: str) -> None:
+    """Publish a wake-up once the loop is subscribed, and see it cycle for it."""
     publisher = server.client()
+    _wait_until(lambda: publisher.publish(channel, b"{}") == 1, f"the loop subscribed {when}")
+    before = loop.cycles
+    _wait_until(lambda: loop.cycles > before, f"a cycle after a wake-up {when}")
 
-    def woken_by(what: str) -> None:
-        _wait_until(lambda: publisher.publish(channel, b"{}") == 1, f"the loop subscribed {what}")
-        before = loop.cycles
-        _wait_until(lambda: loop.cycles > before, f"a cycle after a wake-up {what}")
 
+@pytest.mark.django_db(transaction=True)
+def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
+    # A loop that lost its subscription with the connection would stay asleep after it.
+    server = _OwnRedis(tmp_path / "redis")
+    server.start()
+    loop, thread, channel = _woken_loop(server)
     try:
         _wait_until(lambda: loop.cycles == 1, "the loop's first cycle")
-        woken_by("before the restart")
+        _wake(server, loop, channel, "before the restart")
+        publisher = server.client()
         for _ in range(200):  # a burst in flight as Redis dies, as when jobs end together
             publisher.publish(channel, b"{}")
         server.kill()
         server.start()  # empty: no lock, no subscriber until the loop comes back
-        publisher = server.client()
-        woken_by("after the restart")
+        _wake(server, loop, channel, "after the restart")
+        assert thread.is_alive() and loop.is_leader
+    finally:
+        loop.stop()
+        thread.join(timeout=10)
+        server.kill()
+    assert not thread.is_alive()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_scheduler_started_before_redis_waits_for_it(tmp_path, caplog):
+    # As with a REDIS_URL whose server comes up after the scheduler: it must not exit.
+    server = _OwnRedis(tmp_path / "redis")
+    caplog.set_level("WARNING", logger="edt.scheduler")
+    loop, thread, channel = _woken_loop(server)
+    try:
+        _wait_until(lambda: "Redis unavailable" in caplog.text, "the loop to find no Redis")
+        assert thread.is_alive()
+        server.start()
+        _wait_until(lambda: loop.cycles == 1, "the loop's first cycle once Redis is up")
+        _wake(server, loop, channel, "once Redis is up")
         assert thread.is_alive() and loop.is_leader
     finally:
         loop.stop()
