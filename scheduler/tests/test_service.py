@@ -7,12 +7,14 @@ implementation is covered by ``agent/tests`` and ``tests/e2e``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -442,16 +444,24 @@ class _OwnRedis:
             self.proc.wait(10)
 
 
-def _woken_loop(server: _OwnRedis) -> tuple[SchedulerLoop, threading.Thread, str]:
-    """A running loop on ``server`` that cycles only when woken (its timer is 60 s); the
-    channel it listens on."""
+@contextlib.contextmanager
+def _woken_loop(server: _OwnRedis) -> Iterator[tuple[SchedulerLoop, str]]:
+    """A loop on ``server`` that cycles only when woken (its timer is 60 s), and the channel
+    it listens on; alive and leading at the end, then stopped with ``server``."""
     channel = f"edt:test:wake:{uuid.uuid4().hex}"
     loop = SchedulerLoop(SchedulerService(RecordingExecutor()), client=server.client(),
                          lock_key=f"edt:test:scheduler:lock:{uuid.uuid4().hex}",
                          lock_ttl_s=120, interval_s=60, channel=channel)
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
-    return loop, thread, channel
+    try:
+        yield loop, channel
+        assert thread.is_alive() and loop.is_leader
+    finally:
+        loop.stop()
+        thread.join(timeout=10)
+        server.kill()
+    assert not thread.is_alive()
 
 
 def _wake(server: _OwnRedis, loop: SchedulerLoop, channel: str, when: str) -> None:
@@ -467,8 +477,7 @@ def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
     # A loop that lost its subscription with the connection would stay asleep after it.
     server = _OwnRedis(tmp_path / "redis")
     server.start()
-    loop, thread, channel = _woken_loop(server)
-    try:
+    with _woken_loop(server) as (loop, channel):
         _wait_until(lambda: loop.cycles == 1, "the loop's first cycle")
         _wake(server, loop, channel, "before the restart")
         publisher = server.client()
@@ -477,12 +486,6 @@ def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
         server.kill()
         server.start()  # empty: no lock, no subscriber until the loop comes back
         _wake(server, loop, channel, "after the restart")
-        assert thread.is_alive() and loop.is_leader
-    finally:
-        loop.stop()
-        thread.join(timeout=10)
-        server.kill()
-    assert not thread.is_alive()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -490,19 +493,11 @@ def test_a_scheduler_started_before_redis_waits_for_it(tmp_path, caplog):
     # As with a REDIS_URL whose server comes up after the scheduler: it must not exit.
     server = _OwnRedis(tmp_path / "redis")
     caplog.set_level("WARNING", logger="edt.scheduler")
-    loop, thread, channel = _woken_loop(server)
-    try:
+    with _woken_loop(server) as (loop, channel):
         _wait_until(lambda: "Redis unavailable" in caplog.text, "the loop to find no Redis")
-        assert thread.is_alive()
         server.start()
         _wait_until(lambda: loop.cycles == 1, "the loop's first cycle once Redis is up")
         _wake(server, loop, channel, "once Redis is up")
-        assert thread.is_alive() and loop.is_leader
-    finally:
-        loop.stop()
-        thread.join(timeout=10)
-        server.kill()
-    assert not thread.is_alive()
 
 
 def test_it_resends_the_grant_of_a_slot_whose_supervisor_is_silent(
