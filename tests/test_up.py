@@ -123,6 +123,30 @@ def test_up_stops_redis_only_once_every_service_has_exited():
     assert events[-1] == "exited redis", events
 
 
+def test_up_stops_the_redis_it_started_when_redis_never_answers(monkeypatch, settings,
+                                                                tmp_path):
+    from django.core.management import CommandError, call_command
+
+    from console.management.commands import up
+
+    events: list[str] = []
+
+    def never_answers(url: str) -> None:
+        raise CommandError("Redis at redis://127.0.0.1:6390/0 did not answer within 15 s")
+
+    monkeypatch.setattr(up.Command, "_start",
+                        lambda self, child, env: setattr(child, "proc",
+                                                         _Process(child.name, events)))
+    monkeypatch.setattr(up, "_wait_for_redis", never_answers)
+    monkeypatch.setattr(up.signal, "signal", lambda *args: None)  # keep pytest's Ctrl-C
+    monkeypatch.delenv("REDIS_URL", raising=False)  # the embedded Redis, then
+    settings.VAR_DIR = tmp_path
+    with pytest.raises(CommandError, match="did not answer"):
+        call_command("up", "--https-port", "0", "--no-agent")
+    # Nothing else was started, and the Redis that was is not left behind.
+    assert events == ["terminate redis", "exited redis"]
+
+
 def _wait_for_the_host(base: str, output) -> str:
     """The web server answers, the API takes the printed credentials, and the host agent
     registers this machine with its CPU slots: the admin's API token."""

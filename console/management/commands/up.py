@@ -71,12 +71,12 @@ class Command(BaseCommand):
         self._stopping = False
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGTERM, self._stop)
-        for child in children:
-            self._start(child, env)
-            if child.name == "redis":
-                _wait_for_redis(env["REDIS_URL"])
-        self._announce(host, port, https_port, tls)
-        try:
+        try:  # whatever was started is stopped, also when a later start fails
+            for child in children:
+                self._start(child, env)
+                if child.name == "redis":
+                    _wait_for_redis(env["REDIS_URL"])
+            self._announce(host, port, https_port, tls)
             self._supervise(children, env)
         finally:
             _stop_children(children)
