@@ -279,9 +279,8 @@ class SchedulerLoop:
 
     def run(self) -> None:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        if not self._subscribe(pubsub):
-            return
         try:
+            self._subscribe(pubsub)
             while not self.stopping.is_set():
                 try:
                     leader = self.lock.acquire()
@@ -313,18 +312,17 @@ class SchedulerLoop:
             except redis.RedisError:
                 pass
 
-    def _subscribe(self, pubsub) -> bool:
+    def _subscribe(self, pubsub) -> None:
         """Subscribe to the wake-ups, waiting for Redis if it is not up yet (it may start
-        after the scheduler); False if stopped first. Once subscribed, a lost connection is
+        after the scheduler), or until stopped. Once subscribed, a lost connection is
         subscribed again by the client itself."""
         while not self.stopping.is_set():
             try:
                 pubsub.subscribe(self.channel)
-                return True
+                return
             except redis.RedisError as exc:
-                log.warning("Redis unavailable, retrying in 1 s: %s", exc)
+                log.warning("Redis unavailable, retrying: %s", exc)
                 self.stopping.wait(1.0)
-        return False
 
     def _wait(self, pubsub, timeout: float) -> None:
         """Sleep until a wake-up or the timeout; coalesce a burst of wake-ups into one cycle."""

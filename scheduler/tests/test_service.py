@@ -500,6 +500,20 @@ def test_a_scheduler_started_before_redis_waits_for_it(tmp_path, caplog):
         _wake(server, loop, channel, "once Redis is up")
 
 
+def test_a_scheduler_waiting_for_redis_stops_when_told(tmp_path, caplog):
+    server = _OwnRedis(tmp_path / "redis")  # never started
+    caplog.set_level("WARNING", logger="edt.scheduler")
+    loop = SchedulerLoop(SchedulerService(RecordingExecutor()), client=server.client(),
+                         lock_key=f"edt:test:scheduler:lock:{uuid.uuid4().hex}",
+                         channel=f"edt:test:wake:{uuid.uuid4().hex}")
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    _wait_until(lambda: "Redis unavailable" in caplog.text, "the loop to find no Redis")
+    loop.stop()
+    thread.join(timeout=20)  # redis-py's own retries of a connection take a few seconds
+    assert not thread.is_alive() and loop.cycles == 0
+
+
 def test_it_resends_the_grant_of_a_slot_whose_supervisor_is_silent(
     owner, model_def, cluster, executor, django_capture_on_commit_callbacks
 ):
