@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 import requests
+from django.core.management import CommandError, call_command
 
 from config import tls
+from console.management.commands import up
 from console.management.commands.up import Child, _stop_children, port_free, web_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,10 +127,6 @@ def test_up_stops_redis_only_once_every_service_has_exited():
 
 def test_up_stops_the_redis_it_started_when_redis_never_answers(monkeypatch, settings,
                                                                 tmp_path):
-    from django.core.management import CommandError, call_command
-
-    from console.management.commands import up
-
     events: list[str] = []
 
     def never_answers(url: str) -> None:
