@@ -124,6 +124,7 @@ class Driver:
         try:
             while not self.done.is_set():
                 self.rdzv.tick()
+                self._give_up_broken()
                 self._check_end()
                 # Every request and report notifies; the timeout only drives the clocks
                 # (peer timeouts, the start grace).
@@ -138,6 +139,13 @@ class Driver:
         fields = {"error": self.error} if self.error else {}
         events.emit("job.state", state=self.outcome, **fields)
         return self.outcome
+
+    def _give_up_broken(self) -> None:
+        """A generation that lost a member never forms: members still waiting in the store for
+        its addresses are let go at once (see KeyValue.give_up)."""
+        broken = self.rdzv.broken_generation()
+        if broken is not None:
+            self.kv.give_up(broken)
 
     def _check_end(self) -> None:
         rdzv = self.rdzv

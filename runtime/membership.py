@@ -52,7 +52,7 @@ from .process_group import abort_group, broadcast_blob, destroy_group, init_grou
 from .reports import Reports
 from .results import Results
 from .state import TrainingState
-from .store import LinkStore
+from .store import LinkStore, generation_prefix
 
 
 @dataclass(frozen=True)
@@ -317,11 +317,13 @@ class WorkerMembership(Membership):
         destroy_group()
         group = self.group = Group(a["generation"], a["rank"], a["world_size"])
         if group.world > 1:
-            store = dist.PrefixStore(f"edt/{group.generation}/", self._group_store())
+            store = dist.PrefixStore(generation_prefix(group.generation), self._group_store())
             init_group(self.backend, store, group.rank, group.world,
                        datetime.timedelta(seconds=self.env.collective_timeout_s),
                        generation=group.generation, own_sockets=self._own_sockets,
-                       address=self.link.local_address() if self.link is not None else None)
+                       address=self.link.local_address() if self.link is not None else None,
+                       connect_timeout=datetime.timedelta(
+                           seconds=self.env.connect_timeout_s(group.world)))
             if self.link is not None and self.link.broken_generation == group.generation:
                 # A member was lost while the group formed (too early for abort_group).
                 raise PeerFailure(f"a member of generation {group.generation} was lost")

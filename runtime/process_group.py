@@ -113,9 +113,17 @@ def use_interface_for(address: str | None) -> None:
 
 def init_group(backend: str, store: Any, rank: int, world: int,
                timeout: datetime.timedelta, generation: int = 0,
-               own_sockets: Callable[[], set[int]] = set, address: str | None = None) -> None:
+               own_sockets: Callable[[], set[int]] = set, address: str | None = None,
+               connect_timeout: datetime.timedelta | None = None) -> None:
     """``init_process_group`` for ``generation``, leaving this process as it found it when
     it fails.
+
+    Forming a gloo group, the connection to each other member is given up after
+    ``connect_timeout`` (gloo may take up to five times that); only the collectives wait as
+    long as ``timeout``. A member killed after it published its address never connects, and
+    gloo waits for it one member after the other, with nothing that can interrupt it: with
+    the collectives' hour, the survivors would hang that long in a job that had lost a
+    worker. (The wait for the members' addresses is the store's, see :mod:`runtime.store`.)
 
     Each call numbers its group from a process-wide counter, and that number is part of
     every store key the group's members wait for. ``destroy_process_group`` resets the
@@ -130,14 +138,20 @@ def init_group(backend: str, store: Any, rank: int, world: int,
     if backend == "gloo":
         use_interface_for(address)
     before = _open_sockets()
+    forming = timeout
+    if backend == "gloo" and connect_timeout is not None:
+        # nccl connects at the first collective, which an abort can end; gloo connects here.
+        forming = min(timeout, connect_timeout)
     try:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                timeout=timeout)
+                                timeout=forming)
     except (*_COLLECTIVE_ERRORS, dist.DistStoreError) as exc:
         c10d = dist.distributed_c10d
         if not dist.is_initialized() and hasattr(c10d, "_world"):
             c10d._world.group_count = 0  # what destroy_process_group() would have done
         raise PeerFailure(f"process group init: {_first_line(exc)}") from exc
+    if forming != timeout:
+        dist.distributed_c10d._set_pg_timeout(timeout)  # the formed group's collectives
     mine = own_sockets()
     with _current.lock:
         _current.generation, _current.backend = generation, backend

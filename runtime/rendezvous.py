@@ -20,7 +20,8 @@ current members train; the driver only changes membership at an iteration bounda
    the driver first, and rank 0 of the next generation fetches it from there.
 
 Each generation's process group uses the key prefix ``edt/<generation>/`` in the driver's
-key-value store (:mod:`runtime.store`), so a stale peer cannot join a newer group.
+key-value store (:mod:`runtime.store`), so a stale peer cannot join a newer group; once a
+generation is broken, the driver ends every wait for its keys (``broken_generation``).
 """
 
 from __future__ import annotations
@@ -190,6 +191,11 @@ class Rendezvous:
                 if current != last or left <= 0:
                     return current
                 self.cv.wait(left)
+
+    def broken_generation(self) -> int | None:
+        """The current generation when it is broken (see ``_broken_locked``), else None."""
+        with self.cv:
+            return self.generation if self.members and self._broken_locked() else None
 
     def wait_change(self, timeout: float) -> None:
         with self.cv:

@@ -24,6 +24,12 @@ import torch.distributed as dist
 from . import wire
 
 
+def generation_prefix(generation: int) -> str:
+    """The prefix of the keys generation ``generation``'s process group uses, so that a stale
+    member cannot join a newer group."""
+    return f"edt/{generation}/"
+
+
 class KeyValue:
     """The driver's side: a dictionary whose readers may wait for keys to appear.
 
@@ -34,25 +40,37 @@ class KeyValue:
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
         self._cv = threading.Condition()
+        self._given_up: set[str] = set()  # prefixes of generations that will never form
 
-    def _wait(self, keys: list[str], timeout: float) -> bool:
+    def give_up(self, generation: int) -> None:
+        """``generation`` lost a member: its group will never form, so whoever waits for one
+        of its keys (the address of a member that died) is told so now, and goes on to the
+        next generation instead of waiting out the timeout."""
+        with self._cv:
+            self._given_up.add(generation_prefix(generation))
+            self._cv.notify_all()
+
+    def _wait(self, keys: list[str], timeout: float) -> str | None:
+        """None once every key is set; else why they will not be."""
         deadline = time.monotonic() + timeout
         with self._cv:
             while not all(k in self._data for k in keys):
+                if any(k.startswith(p) for k in keys for p in self._given_up):
+                    return f"keys {keys}: their generation lost a member and will not form"
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return False
+                    return f"keys {keys} not set within {timeout:g}s"
                 self._cv.wait(left)
-            return True
+            return None
 
     def handle(self, h: dict[str, Any], payload: bytes | None) -> tuple[dict, bytes | None]:
         call, key = h.get("call"), str(h.get("key", ""))
         keys = [str(k) for k in h.get("keys") or []]
         if call in ("get", "wait"):
             wanted = [key] if call == "get" else keys
-            timeout = min(float(h.get("timeout") or 0), 3600.0)
-            if not self._wait(wanted, timeout):
-                return {"ok": False, "error": f"keys {wanted} not set within {timeout:g}s"}, None
+            error = self._wait(wanted, min(float(h.get("timeout") or 0), 3600.0))
+            if error:
+                return {"ok": False, "error": error}, None
             with self._cv:
                 return {"ok": True}, (self._data.get(key, b"") if call == "get" else None)
         with self._cv:
@@ -164,10 +182,10 @@ class LinkStore(dist.Store):
         return data or b""
 
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        # A group's collectives may wait long on a slow peer, but forming it is quick when
-        # every member is alive: a member missing for the peer timeout is not coming.
-        seconds = self._timeout_s if timeout is None else min(timeout.total_seconds(),
-                                                               self._timeout_s)
+        # Only forming a group waits on the store, for the members' addresses: a member
+        # missing for the peer timeout is not coming. torch's ``timeout`` is not taken: it is
+        # the group's, which also bounds each of its connections, far shorter than that.
+        seconds = self._timeout_s
         self._request({"call": "wait", "keys": list(keys), "timeout": seconds}, wait_s=seconds)
 
     def check(self, keys: list[str]) -> bool:

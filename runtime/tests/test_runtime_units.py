@@ -284,6 +284,76 @@ def test_a_failed_group_init_leaves_the_process_able_to_form_the_next() -> None:
         assert out.strip() == "3"
 
 
+def test_forming_a_group_gives_up_on_a_dead_member_but_collectives_wait() -> None:
+    """A member killed once its address is in the store never connects. The others give up
+    on it after a few times the connect timeout, not after the collectives' hour; and a group
+    they then form still waits for a peer slower than the connect timeout."""
+    import datetime
+    import re
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    from .helpers import REPO
+
+    script = str(Path(__file__).with_name("dead_peer_script.py"))
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    args = ["127.0.0.1", str(store.port)]
+    keys = store.num_keys()
+    dead = subprocess.Popen([sys.executable, script, "publish", *args, "2"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while store.num_keys() == keys:  # its address, then it waits for the others'
+            assert dead.poll() is None, dead.communicate()
+            assert time.monotonic() < deadline, "rank 2 never published its address"
+            time.sleep(0.01)
+    finally:
+        dead.kill()
+        dead.communicate()
+    procs = [subprocess.Popen([sys.executable, script, "form", *args, str(r)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+        took = re.search(r"gave up after ([0-9.]+)s", out)
+        assert took and float(took.group(1)) < 30, out
+        assert out.strip().endswith("sum 3"), out
+
+
+def test_the_store_lets_go_of_waits_for_a_generation_that_will_not_form() -> None:
+    """Once the driver gives a generation up (it lost a member), a wait for one of its keys
+    (the address of the member that died) ends at once with the reason; waits for another
+    generation's keys go on."""
+    import threading
+
+    from runtime.store import KeyValue, generation_prefix
+
+    kv = KeyValue()
+    replies: dict[int, dict] = {}
+
+    def wait_for(generation: int) -> None:
+        key = generation_prefix(generation) + "rank_2"
+        replies[generation] = kv.handle({"call": "get", "key": key, "timeout": 60}, None)[0]
+
+    waiters = [threading.Thread(target=wait_for, args=(g,)) for g in (3, 4)]
+    for t in waiters:
+        t.start()
+    kv.give_up(3)
+    waiters[0].join(10)
+    assert not waiters[0].is_alive(), "the wait for generation 3 went on"
+    assert replies[3] == {"ok": False, "error": replies[3]["error"]}
+    assert "lost a member and will not form" in replies[3]["error"]
+    assert waiters[1].is_alive()
+    kv.handle({"call": "set", "key": generation_prefix(4) + "rank_2"}, b"addr")
+    waiters[1].join(10)
+    assert replies[4] == {"ok": True}
+
+
 @pytest.mark.parametrize("when", ["before", "while"])
 def test_a_broadcast_from_a_silent_rank_0_fails_when_its_group_is_aborted(when: str) -> None:
     """A rank waiting for a broadcast from a rank 0 that never sends is released as soon as
