@@ -7,7 +7,9 @@ Knobs (environment): TEST_EPOCHS, TEST_SAMPLES, TEST_BATCH, TEST_ENGINES, TEST_D
 TEST_HOLD_DIR (hold steps until the test releases them; see hold()), TEST_HOLD_STATE (with
 TEST_HOLD_DIR: the first time this worker reads its model's state, which rank 0 of the first
 generation does to hand it out, it holds as a step would, at "state-<worker id>"),
-TEST_STATE_MB (that many MB of extra state, so that handing it out takes a while), TEST_FAIL
+TEST_STATE_MB (that many MB of extra state, so that handing it out takes a while),
+TEST_DIE_FORMING ("<generation>:before|after": this worker dies as that generation's
+group forms, before or after it publishes its address), TEST_FAIL
 (dataset_raises | bad_return | nan_loss), TEST_CKPT_FREQ, TEST_ONNX, TEST_MODEL ("mlp", the
 default: a float64 MLP; "real": what real training code does, see real_training()).
 """
@@ -145,6 +147,23 @@ if os.environ.get("TEST_HOLD_STATE"):
             hold("state", os.environ["EDT_WORKER_ID"])
 
     edt.model.register_state_dict_pre_hook(hold_state_once)
+if os.environ.get("TEST_DIE_FORMING"):
+    # "<generation>:before" or ":after": SIGKILLed as that generation's process group forms,
+    # before it publishes its address (the others wait for it in the store) or right after
+    # (they wait for a connection from a member that is gone).
+    from runtime.store import LinkStore, generation_prefix
+
+    _gen, _when = os.environ["TEST_DIE_FORMING"].split(":")
+    _prefix, _set = generation_prefix(int(_gen)), LinkStore.set
+
+    def set_then_die(store, key, value):
+        if key.startswith(_prefix) and _when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        _set(store, key, value)
+        if key.startswith(_prefix):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    LinkStore.set = set_then_die
 edt.train(EPOCHS, BATCH, ENGINES,
           num_dataloader_threads=int(os.environ.get("TEST_LOADER_THREADS", "1")),
           checkpoint_freq=int(os.environ.get("TEST_CKPT_FREQ", "1")))

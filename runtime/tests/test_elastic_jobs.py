@@ -262,6 +262,43 @@ def test_eight_workers_go_on_at_seven_when_rank_0_dies_mid_broadcast(tmp_path: P
     assert_every_sample_once(tmp_path, SAMPLES, 2)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["joiner", "member"])
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_worker_killed_as_the_next_generation_forms_costs_only_itself(
+        tmp_path: Path, reference: Path, who: str, when: str) -> None:
+    """A joiner (or a member) is SIGKILLed as generation 2 forms, before it publishes its
+    address in the driver's store or right after. The others must not wait for it as long
+    as a collective would (an hour): they form generation 3 without it, within the peer
+    timeout, nobody is dropped as late, and the training is the standalone one."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    # A peer timeout that leaves room for gloo's give-up on the dead (see connect_timeout_s).
+    env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), EDT_MIN_WORKERS="3",
+                   EDT_PEER_TIMEOUT_S="12", TEST_HOLD_DIR=str(hold), TEST_HOLD_AT="0:3")
+    dies = {"joiner": "w3", "member": "w1"}[who]
+    dying = {"TEST_DIE_FORMING": f"2:{when}"}
+    with LocalJob(SCRIPT, env=env) as job:
+        job.start_driver()
+        for w in ("w0", "w1", "w2"):
+            job.add_worker(w, env_extra=dying if w == dies else None)
+        wait_until((hold / "at-0-3").exists, "the three in step 3", timeout=60)
+        job.add_worker("w3", env_extra=dying if dies == "w3" else None)
+        wait_until(lambda: "w3" in job.status()["joining"], "w3 registered", timeout=60)
+        (hold / "go-0-3").touch()
+        assert job.wait(150) == 0, driver_log(tmp_path)
+    changed = {e["generation"]: e for e in events(tmp_path) if e["type"] == "generation.changed"}
+    assert changed[2]["size"] == 4, changed
+    survivors = [w for w in ("w0", "w1", "w2", "w3") if w != dies]
+    assert sorted(changed[3]["members"]) == survivors, changed
+    assert changed[3]["ts"] - changed[2]["ts"] < 10, changed  # the collectives' wait: 1 h
+    left = {e["worker_id"]: e["reason"] for e in events(tmp_path) if e["type"] == "worker.left"}
+    assert left[dies] == "lost" and "late" not in left.values(), left
+    assert {r["generation"] for r in steps(tmp_path)} == {1, 3}
+    assert_same_training(tmp_path, reference)
+    assert_every_sample_once(tmp_path, SAMPLES, 2)
+
+
 def _first_step_at(result_dir: Path, size: int) -> dict:
     return next(r for r in steps(result_dir) if r["size"] == size)
 
