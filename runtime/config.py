@@ -122,10 +122,10 @@ class JobEnv:
 
         A live member connects within moments; one that died as the group formed never does,
         and gloo gives up on it only after up to five times this (torch 2.13), one such
-        member after the other. That stays under half the peer timeout while it leaves a
-        second for each, so that a member that waited on the dead is back at the driver
-        before the driver drops it as late (a peer timeout after the first survivor came
-        back); one that is not rejoins as soon as it is out."""
+        member after the other. For all the other members together that makes half the peer
+        timeout (but never less than a second each), so that a member that waited on the
+        dead is back at the driver before the driver drops it as late (a peer timeout after
+        the first survivor came back); one that is not rejoins as soon as it is out."""
         return max(1.0, self.peer_timeout_s / (10 * max(1, world - 1)))
 
     @classmethod

@@ -156,14 +156,14 @@ if os.environ.get("TEST_DIE_FORMING"):
     _gen, _when = os.environ["TEST_DIE_FORMING"].split(":")
     _prefix, _set = generation_prefix(int(_gen)), LinkStore.set
 
-    def set_then_die(store, key, value):
-        if key.startswith(_prefix) and _when == "before":
-            os.kill(os.getpid(), signal.SIGKILL)
-        _set(store, key, value)
-        if key.startswith(_prefix):
-            os.kill(os.getpid(), signal.SIGKILL)
+    def die_forming(store, key, value):
+        if not key.startswith(_prefix):
+            return _set(store, key, value)
+        if _when == "after":
+            _set(store, key, value)
+        os.kill(os.getpid(), signal.SIGKILL)
 
-    LinkStore.set = set_then_die
+    LinkStore.set = die_forming
 edt.train(EPOCHS, BATCH, ENGINES,
           num_dataloader_threads=int(os.environ.get("TEST_LOADER_THREADS", "1")),
           checkpoint_freq=int(os.environ.get("TEST_CKPT_FREQ", "1")))
