@@ -1,13 +1,21 @@
-"""Helpers shared by tests that run jobs under other accounts."""
+"""Helpers shared by tests: free ports, uploads, and jobs run under other accounts."""
 
 from __future__ import annotations
 
 import io
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server a test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tar_gz(files: dict[str, str]) -> io.BytesIO:

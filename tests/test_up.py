@@ -19,14 +19,9 @@ from django.core.management import CommandError, call_command
 from config import tls
 from console.management.commands import up
 from console.management.commands.up import Child, _stop_children, port_free, web_argv
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from events.management.commands.run_events import Command, StreamReader
 from events.publish import publish
 from jobs import states
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
+from runtime.tests.helpers import wait_until
 from tests.reliability.private_redis import PrivateRedis
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -262,15 +262,6 @@ def test_run_events_rereads_what_a_crashed_consumer_left_unacknowledged(job, iso
     assert client.xpending(isolated, "console")["pending"] == 0
 
 
-def _wait_for(check, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 @pytest.mark.django_db(transaction=True)
 def test_run_events_survives_a_redis_restart(job, isolated, settings, tmp_path):
     server = PrivateRedis(tmp_path / "redis")
@@ -286,13 +277,14 @@ def test_run_events_survives_a_redis_restart(job, isolated, settings, tmp_path):
     try:
         reader.start()
         xadd(isolated, train(job, 300.0), url=url)
-        _wait_for(lambda: JobMetric.objects.filter(job=job).count() == 1, "the first event")
+        wait_until(lambda: JobMetric.objects.filter(job=job).count() == 1, "the first event",
+                   timeout=15)
 
         server.stop()
         server.start()  # empty: no stream, no group
         xadd(isolated, train(job, 301.0), url=url)
-        _wait_for(lambda: JobMetric.objects.filter(job=job).count() == 2,
-                  "the event published after the restart")
+        wait_until(lambda: JobMetric.objects.filter(job=job).count() == 2,
+                   "the event published after the restart", timeout=15)
     finally:
         command.stopping = True
         reader.join(timeout=5)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser.screens import ARTIFACTS, ROOT, summary_lines
+from tests.support import free_port
 
 CHROMIUM = os.environ.get("EDT_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -37,12 +37,6 @@ class Console:
     root: Path
     seeded_job: int  # alice's job in instance group seed-ig, max 2 workers
     password: str = "browser-pass-1234"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _shared(request: pytest.FixtureRequest) -> dict:
@@ -81,7 +75,7 @@ def console(tmp_path_factory, request) -> Console:
 
     root = tmp_path_factory.mktemp("console")
     tag = uuid.uuid4().hex[:10]
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings",

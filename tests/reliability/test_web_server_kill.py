@@ -25,7 +25,8 @@ from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from console.views import LOG_PAGE
-from tests.browser.conftest import ROOT, _free_port, _wait_http, chromium, console  # noqa: F401
+from tests.browser.conftest import ROOT, _wait_http, chromium, console  # noqa: F401
+from tests.support import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 # ``chromium`` and ``console`` above are the browser tests' session fixtures: imported here,
@@ -97,7 +98,7 @@ def test_the_log_resumes_from_its_offset_after_the_web_server_is_killed(
     job = console.seeded_job
     tag = f"resume-{uuid.uuid4().hex[:8]}"
     log_file = Path(console.env["EDT_RESULT_ROOT"]) / f"job-{job}" / "log" / "console.jsonl"
-    port = _free_port()
+    port = free_port()
     daphne_log = console.root / "logs" / f"daphne-{port}.log"
     daphne = start_daphne(console.env, port, daphne_log)
 
