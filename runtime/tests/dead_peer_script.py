@@ -27,6 +27,11 @@ try:
     raise SystemExit("the group with a dead member formed")
 except PeerFailure as exc:
     print(f"gave up after {time.monotonic() - started:.1f}s: {exc}", flush=True)
+# gloo's waiting side may give up on the dead member seconds after the other member did.
+# The runtime's store then waits for an address as long as the peer timeout; this bare
+# TCPStore would wait only the one-second connect timeout, so the two meet here first.
+store.set(f"met/{rank}", "1")
+store.wait(["met/0", "met/1"], datetime.timedelta(seconds=60))
 init_group("gloo", dist.PrefixStore("edt/2/", store), rank, 2, HOUR, connect_timeout=SECOND)
 if rank == 1:
     time.sleep(3)  # a slow step: the collectives wait as long as a peer is alive
