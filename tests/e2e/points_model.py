@@ -5,6 +5,9 @@ Knobs (the job's environment variables): TEST_EPOCHS, TEST_SAMPLES, TEST_BATCH, 
 TEST_DELAY_S is slept per sample until the file TEST_FAST_FILE exists, so the test keeps a job
 busy through a phase of the walkthrough and then lets it finish quickly. Sleeping, not holding
 a step, keeps every iteration boundary reachable, so reclaims always complete.
+TEST_HOLD_DIR: the first time this worker reads its model's state (rank 0 of the first
+generation does, to hand it out), it writes at-state-<worker id> there and waits for
+go-state-<worker id>, so that a test can act while the others wait for that state.
 """
 
 import os
@@ -22,6 +25,7 @@ BATCH = int(os.environ.get("TEST_BATCH", "4"))
 ENGINES = int(os.environ.get("TEST_ENGINES", "8"))
 DELAY = float(os.environ.get("TEST_DELAY_S", "0"))
 FAST_FILE = os.environ.get("TEST_FAST_FILE", "")
+HOLD_DIR = os.environ.get("TEST_HOLD_DIR", "")
 
 
 class Points(Dataset):
@@ -44,6 +48,20 @@ class Points(Dataset):
         return self.x[i], self.y[i]
 
 
+def hold_state_once(module, prefix, keep_vars, held=[]):  # noqa: B006 - once per process
+    if held:
+        return
+    held.append(True)
+    name = os.environ["EDT_WORKER_ID"]
+    open(os.path.join(HOLD_DIR, f"at-state-{name}"), "w").close()
+    go = os.path.join(HOLD_DIR, f"go-state-{name}")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the test never released {go}")
+        time.sleep(0.01)
+
+
 def get_datasets():
     return Points(SAMPLES, 1), Points(32, 2)
 
@@ -56,4 +74,6 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).double()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 edt = FabricModel(model, get_datasets, nn.functional.cross_entropy, optimizer, metrics=[accuracy])
+if HOLD_DIR:
+    edt.model.register_state_dict_pre_hook(hold_state_once)
 edt.train(EPOCHS, BATCH, ENGINES, num_dataloader_threads=1)

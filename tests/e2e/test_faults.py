@@ -1,6 +1,7 @@
 """Faults on a real cluster: a worker process SIGKILLed, the scheduler service SIGKILLed and
-restarted, then a whole host agent (with its processes) SIGKILLed, all while one job trains. The
-job finishes, every epoch saw each sample exactly once, and no slot was ever booked twice."""
+restarted, then a whole host agent (with its processes) SIGKILLed, all while one job trains;
+and rank 0 SIGKILLed while it hands out a job's first state. The jobs finish, every epoch saw
+each sample exactly once, and no slot was ever booked twice."""
 
 from __future__ import annotations
 
@@ -63,8 +64,7 @@ def test_it_survives_a_killed_worker_scheduler_and_host(e2e, e2e_records):
     )
     wait_until(lambda: any(g["size"] == 8 for g in generations(job)), "8 workers", 150,
                every=0.2, on_fail=e2e.dump_logs)
-    # Killed once the 8 train, not while the first generation still hands out the initial
-    # state: that case loses more than the victim (an open bug, in docs/reliability.md).
+    # Killed once the 8 train: a kill while the first state is handed out is the next test's.
     steps = e2e.tmp / "faults.steps.jsonl"
     wait_until(lambda: steps.exists() and '"size": 8' in steps.read_text(),
                "a step trained by the 8", 60, every=0.2, on_fail=e2e.dump_logs)
@@ -113,5 +113,59 @@ def test_it_survives_a_killed_worker_scheduler_and_host(e2e, e2e_records):
     restarts = list(JobEvent.objects.filter(job=job, type__startswith="driver.")
                     .values_list("type", "message"))
     assert job.attempt == 1, f"the driver was restarted: {restarts}\n{e2e.dump_logs()}"
+    assert_each_sample_once_per_epoch(job, SAMPLES, EPOCHS)
+    assert_no_slot_ever_double_booked()
+
+
+def test_it_goes_on_when_rank_0_dies_handing_out_the_first_state(e2e, e2e_records):
+    """Eight workers on two hosts form the job's first generation, and its rank 0 is
+    SIGKILLed as it reads the initial state it is about to hand out, the seven others waiting
+    for it. The seven go on together (nobody but the victim is lost), the scheduler re-grants
+    the slot, the replacement joins, and the job ends with every sample once per epoch and
+    its driver never restarted."""
+    e2e.start_agent(1)
+    e2e.start_agent(2)
+    e2e.start_scheduler()
+    e2e.wait_ready()
+    hold, fast = e2e.tmp / "hold", e2e.tmp / "first-state.fast"
+    hold.mkdir()
+    hold.chmod(0o1777)  # the job's processes run as a user of their own
+    job = job_submit(
+        user=e2e_records["owner"], model=e2e_records["model"],
+        instance_group=e2e_records["instance_group"], max_workers=8, name="first-state",
+        env_vars={
+            "TEST_EPOCHS": str(EPOCHS), "TEST_SAMPLES": str(SAMPLES), "TEST_BATCH": "4",
+            "TEST_ENGINES": "8", "TEST_DELAY_S": "0.1", "TEST_FAST_FILE": str(fast),
+            "TEST_HOLD_DIR": str(hold), "EDT_MIN_WORKERS": "8",
+            "EDT_STEP_LOG": str(e2e.tmp / "first-state.steps.jsonl"),
+        },
+    )
+    held = wait_until(lambda: next(iter(hold.glob("at-state-*")), None),
+                      "rank 0 of the first generation to read the state it hands out", 150,
+                      every=0.2, on_fail=e2e.dump_logs)
+    victim = held.name.removeprefix("at-state-")
+    first = generations(job)
+    assert [(g["size"], g["members"][0]) for g in first] == [(8, victim)], first
+    os.kill(wait_until(lambda: worker_pid(job, victim), f"the pid of {victim}", 10),
+            signal.SIGKILL)
+    for member in first[0]["members"]:
+        (hold / f"go-state-{member}").touch()  # later reads of the state (its replacement's)
+
+    after = wait_until(lambda: generations(job)[1:], "the job to go on after the kill", 60,
+                       every=0.2, on_fail=e2e.dump_logs)[0]
+    survivors = set(first[0]["members"]) - {victim}
+    assert survivors <= set(after["members"]), f"more than {victim} was lost: {after}"
+    wait_until(lambda: any(g["size"] == 8 and victim in g["members"]
+                           for g in generations(job)[1:]),
+               "a replacement to bring the job back to 8", 120, every=0.2,
+               on_fail=e2e.dump_logs)
+    fast.touch()
+    wait_until(lambda: TrainingJob.objects.get(pk=job.pk).is_terminal, "the job to end", 120,
+               on_fail=e2e.dump_logs)
+    job.refresh_from_db()
+    assert job.state == states.FINISHED, (job.error, e2e.dump_logs())
+    assert job.attempt == 1, f"the driver was restarted\n{e2e.dump_logs()}"
+    lost = {e["worker_id"] for e in runtime_events(job, "worker.left") if e["reason"] == "lost"}
+    assert lost == {victim}, lost
     assert_each_sample_once_per_epoch(job, SAMPLES, EPOCHS)
     assert_no_slot_ever_double_booked()
