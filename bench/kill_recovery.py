@@ -21,7 +21,7 @@ times, from the kill, the first step of a later generation with all three surviv
 counts the kills after which a survivor was dropped on the way (a first step without the
 victim at fewer than three) and those after which the job did not go on within a minute.
 
-Run: ``.venv/bin/python bench/kill_recovery.py [--kills 20] [--forming 20]`` (about 5
+Run: ``.venv/bin/python bench/kill_recovery.py [--kills 20] [--forming 20]`` (about 7
 minutes on 2 cores). Prints a table; the last line is one JSON object:
 ``kill_recovery_p50_s``, ``kill_recovery_p95_s``, ``kill_recovery_loaded_p50_s``,
 ``kill_recovery_loaded_p95_s``, ``kill_forming_p50_s``, ``kill_forming_p95_s``,

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 import runtime
 from runtime import FabricModel
+from runtime.tests.holds import hold_at
 
 EPOCHS = int(os.environ.get("TEST_EPOCHS", "2"))
 SAMPLES = int(os.environ.get("TEST_SAMPLES", "96"))
@@ -41,13 +42,7 @@ SLOW_AT = os.environ.get("TEST_SLOW_AT", "")
 def hold(epoch, it):
     """Block the step (epoch, it) until the test creates go-<epoch>-<it> (bounded); the
     file at-<epoch>-<it> says the step is being held."""
-    open(os.path.join(HOLD_DIR, f"at-{epoch}-{it}"), "w").close()
-    path = os.path.join(HOLD_DIR, f"go-{epoch}-{it}")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"test never released {path}")
-        time.sleep(0.01)
+    hold_at(HOLD_DIR, f"{epoch}-{it}")
 
 
 class Points(Dataset):

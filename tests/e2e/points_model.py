@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from runtime import FabricModel
+from runtime.tests.holds import hold_at
 
 EPOCHS = int(os.environ.get("TEST_EPOCHS", "2"))
 SAMPLES = int(os.environ.get("TEST_SAMPLES", "256"))
@@ -49,17 +50,9 @@ class Points(Dataset):
 
 
 def hold_state_once(module, prefix, keep_vars, held=[]):  # noqa: B006 - once per process
-    if held:
-        return
-    held.append(True)
-    name = os.environ["EDT_WORKER_ID"]
-    open(os.path.join(HOLD_DIR, f"at-state-{name}"), "w").close()
-    go = os.path.join(HOLD_DIR, f"go-state-{name}")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(go):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the test never released {go}")
-        time.sleep(0.01)
+    if not held:
+        held.append(True)
+        hold_at(HOLD_DIR, f"state-{os.environ['EDT_WORKER_ID']}")
 
 
 def get_datasets():

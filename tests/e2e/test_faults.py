@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -47,21 +48,28 @@ def assert_no_slot_ever_double_booked() -> None:
             assert start >= end, f"slot {key} booked twice: {spans}"
 
 
+def submit(e2e, records: dict, name: str, **env: str) -> tuple[TrainingJob, Path]:
+    """A job of up to 8 workers over EPOCHS of SAMPLES, paced until the file it returns
+    exists; its step log is <name>.steps.jsonl. ``env`` joins its variables."""
+    fast = e2e.tmp / f"{name}.fast"
+    job = job_submit(
+        user=records["owner"], model=records["model"],
+        instance_group=records["instance_group"], max_workers=8, name=name,
+        env_vars={
+            "TEST_EPOCHS": str(EPOCHS), "TEST_SAMPLES": str(SAMPLES), "TEST_BATCH": "4",
+            "TEST_ENGINES": "8", "TEST_DELAY_S": "0.1", "TEST_FAST_FILE": str(fast),
+            "EDT_STEP_LOG": str(e2e.tmp / f"{name}.steps.jsonl"), **env,
+        },
+    )
+    return job, fast
+
+
 def test_it_survives_a_killed_worker_scheduler_and_host(e2e, e2e_records):
     e2e.start_agent(1)
     e2e.start_agent(2)
     e2e.start_scheduler()
     e2e.wait_ready()
-    fast = e2e.tmp / "faults.fast"
-    job = job_submit(
-        user=e2e_records["owner"], model=e2e_records["model"],
-        instance_group=e2e_records["instance_group"], max_workers=8, name="faults",
-        env_vars={
-            "TEST_EPOCHS": str(EPOCHS), "TEST_SAMPLES": str(SAMPLES), "TEST_BATCH": "4",
-            "TEST_ENGINES": "8", "TEST_DELAY_S": "0.1", "TEST_FAST_FILE": str(fast),
-            "EDT_STEP_LOG": str(e2e.tmp / "faults.steps.jsonl"),
-        },
-    )
+    job, fast = submit(e2e, e2e_records, "faults")
     wait_until(lambda: any(g["size"] == 8 for g in generations(job)), "8 workers", 150,
                every=0.2, on_fail=e2e.dump_logs)
     # Killed once the 8 train: a kill while the first state is handed out is the next test's.
@@ -127,19 +135,11 @@ def test_it_goes_on_when_rank_0_dies_handing_out_the_first_state(e2e, e2e_record
     e2e.start_agent(2)
     e2e.start_scheduler()
     e2e.wait_ready()
-    hold, fast = e2e.tmp / "hold", e2e.tmp / "first-state.fast"
+    hold = e2e.tmp / "hold"
     hold.mkdir()
     hold.chmod(0o1777)  # the job's processes run as a user of their own
-    job = job_submit(
-        user=e2e_records["owner"], model=e2e_records["model"],
-        instance_group=e2e_records["instance_group"], max_workers=8, name="first-state",
-        env_vars={
-            "TEST_EPOCHS": str(EPOCHS), "TEST_SAMPLES": str(SAMPLES), "TEST_BATCH": "4",
-            "TEST_ENGINES": "8", "TEST_DELAY_S": "0.1", "TEST_FAST_FILE": str(fast),
-            "TEST_HOLD_DIR": str(hold), "EDT_MIN_WORKERS": "8",
-            "EDT_STEP_LOG": str(e2e.tmp / "first-state.steps.jsonl"),
-        },
-    )
+    job, fast = submit(e2e, e2e_records, "first-state", TEST_HOLD_DIR=str(hold),
+                       EDT_MIN_WORKERS="8")
     held = wait_until(lambda: next(iter(hold.glob("at-state-*")), None),
                       "rank 0 of the first generation to read the state it hands out", 150,
                       every=0.2, on_fail=e2e.dump_logs)
