@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import processes  # noqa: E402
-from bench.runtime import BATCH, _env, _pct, _steps, _wait  # noqa: E402
+from bench.runtime import BATCH, _env, _pct, _StepRows, _wait  # noqa: E402
 
 RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
 PEER_TIMEOUT_S = 20.0  # the product's default (EDT_PEER_TIMEOUT_S)
@@ -70,8 +70,8 @@ def busy(loaded: bool) -> Iterator[None]:
             p.wait(10)
 
 
-def _settled(log: Path, size: int, after: float, steps: int) -> bool:
-    return sum(1 for r in _steps(log) if r["size"] == size and r["ts_start"] >= after) >= steps
+def _settled(steps: _StepRows, size: int, after: float, n: int) -> bool:
+    return sum(1 for r in steps() if r["size"] == size and r["ts_start"] >= after) >= n
 
 
 def _job_env(tmp: Path) -> dict[str, str]:
@@ -87,29 +87,29 @@ def run_kills(tmp: Path, kills: int, loaded: bool) -> tuple[list[float], float]:
     from runtime.launcher import LocalJob
 
     env = _job_env(tmp)
-    log = tmp / "steps.jsonl"
     recoveries: list[float] = []
-    with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
+    with (LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job,
+          _StepRows(tmp / "steps.jsonl") as steps):
         job.start_driver()
         live = [f"w{i}" for i in range(3)]
         for wid in live:
             job.add_worker(wid)
-        _wait(lambda: _settled(log, 3, 0, 10), "10 steps at 3 workers")
+        _wait(lambda: _settled(steps, 3, 0, 10), "10 steps at 3 workers")
         with busy(loaded):
             for i in range(kills):
                 victim = live.pop(0)
                 t_kill = time.time()
                 job.kill_worker(victim)
                 first = _wait(lambda t=t_kill: next(
-                    (r for r in _steps(log) if r["size"] == 2 and r["ts_start"] >= t), None),
+                    (r for r in steps() if r["size"] == 2 and r["ts_start"] >= t), None),
                     f"the first step without {victim}")
                 recoveries.append(first["ts_start"] - t_kill)
                 replacement = f"r{i}"
                 job.add_worker(replacement)
                 live.append(replacement)
                 back = time.time()
-                _wait(lambda t=back: _settled(log, 3, t, 3), f"3 workers again after kill {i}")
-        rows = [r for r in _steps(log) if r["size"] == 3]
+                _wait(lambda t=back: _settled(steps, 3, t, 3), f"3 workers again after kill {i}")
+        rows = [r for r in steps() if r["size"] == 3]
         its = [b["ts"] - a["ts"] for a, b in zip(rows, rows[1:], strict=False)
                if b["global_step"] == a["global_step"] + 1]
         job.stop()
@@ -128,9 +128,13 @@ class Forming:
     before_first_step: int = 0  # kills that landed before the new generation trained
     grow_s: float = 0.0  # from the word of a generation with a newcomer to its first step
 
+    @property
+    def over_1s(self) -> int:
+        return sum(r > 1 for r in self.recoveries)
 
-def _after(log: Path, generation: int, t: float) -> list[dict]:
-    return [r for r in _steps(log) if r["generation"] > generation and r["ts_start"] >= t]
+
+def _after(steps: _StepRows, generation: int, t: float) -> list[dict]:
+    return [r for r in steps() if r["generation"] > generation and r["ts_start"] >= t]
 
 
 def _with_member(job, worker_id: str) -> dict | None:
@@ -139,7 +143,7 @@ def _with_member(job, worker_id: str) -> dict | None:
     return status if worker_id in status["members"] else None
 
 
-def _kill_as_it_grows(job, log: Path, live: list[str], newcomer: str, delay: float,
+def _kill_as_it_grows(job, steps: _StepRows, live: list[str], newcomer: str, delay: float,
                       out: Forming) -> bool:
     """Add ``newcomer``, kill the oldest of ``live`` ``delay`` s after the driver announced
     the generation with it, and wait for the three survivors to train. False if stuck."""
@@ -151,9 +155,10 @@ def _kill_as_it_grows(job, log: Path, live: list[str], newcomer: str, delay: flo
     job.kill_worker(victim)
     live.append(newcomer)
     try:
-        first = _wait(lambda: _after(log, status["generation"], t_kill), "a step", STUCK_S)[0]
+        first = _wait(lambda: _after(steps, status["generation"], t_kill), "a step",
+                      STUCK_S)[0]
         whole = first if first["size"] == 3 else _wait(
-            lambda: [r for r in _after(log, first["generation"] - 1, t_kill)
+            lambda: [r for r in _after(steps, first["generation"] - 1, t_kill)
                      if r["size"] == 3], "3 survivors", STUCK_S)[0]
     except TimeoutError:
         out.stuck += 1
@@ -161,22 +166,22 @@ def _kill_as_it_grows(job, log: Path, live: list[str], newcomer: str, delay: flo
     out.dropped += first["size"] < 3
     out.recoveries.append(whole["ts_start"] - t_kill)
     out.before_first_step += not any(r["generation"] == status["generation"]
-                                     and r["ts_start"] < t_kill for r in _steps(log))
+                                     and r["ts_start"] < t_kill for r in steps())
     return True
 
 
-def _time_to_grow(job, log: Path, live: list[str]) -> float:
+def _time_to_grow(job, steps: _StepRows, live: list[str]) -> float:
     """Seconds from the word of a generation with a newcomer to its first step at 4, on a
     growth without a kill; the oldest member is then killed, to train at 3 again."""
     job.add_worker("grown")
     status = _wait(lambda: _with_member(job, "grown"), "a generation with a newcomer")
     t_word = time.time()
-    first = _wait(lambda: [r for r in _after(log, status["generation"] - 1, t_word)
+    first = _wait(lambda: [r for r in _after(steps, status["generation"] - 1, t_word)
                            if r["size"] == 4], "the first step at 4 workers")[0]
     job.kill_worker(live.pop(0))
     live.append("grown")
     back = time.time()
-    _wait(lambda: _settled(log, 3, back, 3), "3 workers again after the growth")
+    _wait(lambda: _settled(steps, 3, back, 3), "3 workers again after the growth")
     return first["ts_start"] - t_word
 
 
@@ -185,20 +190,20 @@ def run_forming_kills(tmp: Path, kills: int) -> Forming:
     from runtime.launcher import LocalJob
 
     out = Forming()
-    log = tmp / "steps.jsonl"
-    with LocalJob(RUNTIME_BENCH, env=_job_env(tmp), args=["--as", "fabric"]) as job:
+    with (LocalJob(RUNTIME_BENCH, env=_job_env(tmp), args=["--as", "fabric"]) as job,
+          _StepRows(tmp / "steps.jsonl") as steps):
         job.start_driver()
         live = [f"w{i}" for i in range(3)]
         for wid in live:
             job.add_worker(wid)
-        _wait(lambda: _settled(log, 3, 0, 10), "10 steps at 3 workers")
-        out.grow_s = _time_to_grow(job, log, live)
+        _wait(lambda: _settled(steps, 3, 0, 10), "10 steps at 3 workers")
+        out.grow_s = _time_to_grow(job, steps, live)
         for i in range(kills):
             delay = FORMING_SPREAD * out.grow_s * i / max(kills - 1, 1)
-            if not _kill_as_it_grows(job, log, live, f"f{i}", delay, out):
+            if not _kill_as_it_grows(job, steps, live, f"f{i}", delay, out):
                 break  # the job is not going on: the next kills would measure nothing
             back = time.time()
-            _wait(lambda t=back: _settled(log, 3, t, 3), f"3 workers steady after kill {i}")
+            _wait(lambda t=back: _settled(steps, 3, t, 3), f"3 workers steady after kill {i}")
         job.stop()
         job.wait(120)
     return out
@@ -225,7 +230,7 @@ def main() -> None:
                **_figures("kill_forming", forming.recoveries)}
     if args.forming:
         figures.update({
-            "kill_forming_over_1s": sum(r > 1 for r in forming.recoveries),
+            "kill_forming_over_1s": forming.over_1s,
             "kill_forming_dropped": forming.dropped, "kill_forming_stuck": forming.stuck,
             "kill_forming_before_first_step": forming.before_first_step,
             "grow_s": round(forming.grow_s, 3),
@@ -258,7 +263,7 @@ def _table(args: argparse.Namespace, series: dict[str, list[float]], forming: Fo
               f"after the word of a generation with a newcomer (a growth alone takes "
               f"{forming.grow_s * 1000:.0f} ms to its first step), to all 3 survivors training; "
               f"{forming.before_first_step} landed before that generation's first step, "
-              f"{sum(r > 1 for r in forming.recoveries)} took over 1 s, "
+              f"{forming.over_1s} took over 1 s, "
               f"{forming.dropped} with a survivor dropped on the way, {forming.stuck} stuck "
               f"(no step within {STUCK_S:g} s)")
     if iteration_s is not None:

@@ -200,6 +200,32 @@ class _LineCount:
             self.file.close()
 
 
+class _StepRows:
+    """The rows of a step log that is being appended to, parsing only what is new at each
+    call (see :class:`_LineCount` for what parsing the whole log every 10 ms costs). Only
+    whole lines: the job may be writing the last one as it is read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.file, self.rows, self._partial = path, None, [], b""
+
+    def __call__(self) -> list[dict]:
+        if self.file is None:
+            try:
+                self.file = self.path.open("rb")
+            except FileNotFoundError:
+                return self.rows
+        *whole, self._partial = (self._partial + self.file.read()).split(b"\n")
+        self.rows.extend(json.loads(line) for line in whole if line.strip())
+        return self.rows
+
+    def __enter__(self) -> _StepRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
 class _CpuWindow(threading.Thread):
     """CPU seconds (user + system, all threads) the given processes spend per step over the
     steady-state window, read from /proc. Unlike samples/s it hardly moves when other

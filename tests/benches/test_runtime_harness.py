@@ -1,7 +1,8 @@
-"""bench/runtime.py's harness: its step counter counts the whole lines of a log being
-appended to, reading only what is new; ``--steps`` too short for a round is refused before
-anything starts; ``--control`` measures the DDP loop against itself beside the comparison;
-``--same-allocator`` runs both sides under the host-memory setting the workers make."""
+"""bench/runtime.py's harness: its step counter counts, and its step reader parses, the
+whole lines of a log being appended to, reading only what is new; ``--steps`` too short for
+a round is refused before anything starts; ``--control`` measures the DDP loop against
+itself beside the comparison; ``--same-allocator`` runs both sides under the host-memory
+setting the workers make."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 
 import pytest
 
-from bench.runtime import _LineCount
+from bench.runtime import _LineCount, _StepRows
 from tests.benches.support import REPO
 
 
@@ -27,6 +28,18 @@ def test_it_counts_whole_lines_as_they_are_appended(tmp_path):
             f.write('ep": 2}\n{"step": 3}\n')
         assert lines.now() == 3
         assert lines.now() == 3  # nothing new, nothing counted twice
+
+
+def test_it_parses_whole_lines_as_they_are_appended(tmp_path):
+    log = tmp_path / "steps.jsonl"
+    with _StepRows(log) as steps:
+        assert steps() == []  # no file yet
+        log.write_text('{"step": 1}\n{"st')
+        assert steps() == [{"step": 1}]  # the second line is half written
+        with log.open("a") as f:
+            f.write('ep": 2}\n\n{"step": 3}\n')
+        assert steps() == [{"step": 1}, {"step": 2}, {"step": 3}]
+        assert steps() == [{"step": 1}, {"step": 2}, {"step": 3}]  # nothing read twice
 
 
 def test_too_few_steps_for_a_round_are_refused_by_name():
