@@ -20,6 +20,7 @@ from tests.e2e.harness import (
     assert_each_sample_once_per_epoch,
     job_pids,
     runtime_events,
+    steps,
     wait_until,
 )
 
@@ -73,8 +74,7 @@ def test_it_survives_a_killed_worker_scheduler_and_host(e2e, e2e_records):
     wait_until(lambda: any(g["size"] == 8 for g in generations(job)), "8 workers", 150,
                every=0.2, on_fail=e2e.dump_logs)
     # Killed once the 8 train: a kill while the first state is handed out is the next test's.
-    steps = e2e.tmp / "faults.steps.jsonl"
-    wait_until(lambda: steps.exists() and '"size": 8' in steps.read_text(),
+    wait_until(lambda: any(s["size"] == 8 for s in steps(job)),
                "a step trained by the 8", 60, every=0.2, on_fail=e2e.dump_logs)
     driver_host = JobEvent.objects.get(job=job, type="driver.started").data["host"]
     other = next(h for h in e2e.hosts if h != driver_host)
