@@ -137,18 +137,22 @@ def _after(steps: _StepRows, generation: int, t: float) -> list[dict]:
     return [r for r in steps() if r["generation"] > generation and r["ts_start"] >= t]
 
 
-def _with_member(job, worker_id: str) -> dict | None:
-    """The driver's status once it has announced a generation with ``worker_id``."""
-    status = job.status()
-    return status if worker_id in status["members"] else None
+def _grow(job, newcomer: str) -> dict:
+    """Add ``newcomer``; the driver's status once it has announced a generation with it."""
+    job.add_worker(newcomer)
+
+    def announced() -> dict | None:
+        status = job.status()
+        return status if newcomer in status["members"] else None
+
+    return _wait(announced, f"a generation with {newcomer}")
 
 
 def _kill_as_it_grows(job, steps: _StepRows, live: list[str], newcomer: str, delay: float,
                       out: Forming) -> bool:
     """Add ``newcomer``, kill the oldest of ``live`` ``delay`` s after the driver announced
     the generation with it, and wait for the three survivors to train. False if stuck."""
-    job.add_worker(newcomer)
-    status = _wait(lambda: _with_member(job, newcomer), f"a generation with {newcomer}")
+    status = _grow(job, newcomer)
     time.sleep(delay)  # where in the forming the kill lands: what this series varies
     victim = live.pop(0)
     t_kill = time.time()
@@ -173,8 +177,7 @@ def _kill_as_it_grows(job, steps: _StepRows, live: list[str], newcomer: str, del
 def _time_to_grow(job, steps: _StepRows, live: list[str]) -> float:
     """Seconds from the word of a generation with a newcomer to its first step at 4, on a
     growth without a kill; the oldest member is then killed, to train at 3 again."""
-    job.add_worker("grown")
-    status = _wait(lambda: _with_member(job, "grown"), "a generation with a newcomer")
+    status = _grow(job, "grown")
     t_word = time.time()
     first = _wait(lambda: [r for r in _after(steps, status["generation"] - 1, t_word)
                            if r["size"] == 4], "the first step at 4 workers")[0]
