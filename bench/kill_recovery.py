@@ -45,6 +45,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -74,20 +75,16 @@ def _settled(steps: _StepRows, size: int, after: float, n: int) -> bool:
     return sum(1 for r in steps() if r["size"] == size and r["ts_start"] >= after) >= n
 
 
-def _job_env(tmp: Path) -> dict[str, str]:
-    """A long job of 3 workers (it never ends by itself) writing its steps to tmp."""
-    tmp.mkdir(parents=True)
-    return _env(tmp, BENCH_SAMPLES=str(BATCH * 4 * 400), BENCH_EPOCHS="1000",
-                BENCH_ENGINES="4", EDT_MIN_WORKERS="3", RESULT_DIR=str(tmp),
-                EDT_METRICS_INTERVAL_S="5")
-
-
-def run_kills(tmp: Path, kills: int, loaded: bool) -> tuple[list[float], float]:
-    """Seconds from each kill to the first step at 2 workers, and the median iteration at 3."""
+@contextlib.contextmanager
+def _three_workers(tmp: Path) -> Iterator[tuple[Any, _StepRows, list[str]]]:
+    """A long job (it never ends by itself) of 3 workers that have trained 10 steps: the job,
+    its step log and the ids of its live workers, oldest first. Stopped on the way out."""
     from runtime.launcher import LocalJob
 
-    env = _job_env(tmp)
-    recoveries: list[float] = []
+    tmp.mkdir(parents=True)
+    env = _env(tmp, BENCH_SAMPLES=str(BATCH * 4 * 400), BENCH_EPOCHS="1000",
+               BENCH_ENGINES="4", EDT_MIN_WORKERS="3", RESULT_DIR=str(tmp),
+               EDT_METRICS_INTERVAL_S="5")
     with (LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job,
           _StepRows(tmp / "steps.jsonl") as steps):
         job.start_driver()
@@ -95,6 +92,15 @@ def run_kills(tmp: Path, kills: int, loaded: bool) -> tuple[list[float], float]:
         for wid in live:
             job.add_worker(wid)
         _wait(lambda: _settled(steps, 3, 0, 10), "10 steps at 3 workers")
+        yield job, steps, live
+        job.stop()
+        job.wait(120)
+
+
+def run_kills(tmp: Path, kills: int, loaded: bool) -> tuple[list[float], float]:
+    """Seconds from each kill to the first step at 2 workers, and the median iteration at 3."""
+    recoveries: list[float] = []
+    with _three_workers(tmp) as (job, steps, live):
         with busy(loaded):
             for i in range(kills):
                 victim = live.pop(0)
@@ -112,8 +118,6 @@ def run_kills(tmp: Path, kills: int, loaded: bool) -> tuple[list[float], float]:
         rows = [r for r in steps() if r["size"] == 3]
         its = [b["ts"] - a["ts"] for a, b in zip(rows, rows[1:], strict=False)
                if b["global_step"] == a["global_step"] + 1]
-        job.stop()
-        job.wait(120)
     return recoveries, statistics.median(its)
 
 
@@ -190,16 +194,8 @@ def _time_to_grow(job, steps: _StepRows, live: list[str]) -> float:
 
 def run_forming_kills(tmp: Path, kills: int) -> Forming:
     """The forming series (see the module's doc), on a quiet machine."""
-    from runtime.launcher import LocalJob
-
     out = Forming()
-    with (LocalJob(RUNTIME_BENCH, env=_job_env(tmp), args=["--as", "fabric"]) as job,
-          _StepRows(tmp / "steps.jsonl") as steps):
-        job.start_driver()
-        live = [f"w{i}" for i in range(3)]
-        for wid in live:
-            job.add_worker(wid)
-        _wait(lambda: _settled(steps, 3, 0, 10), "10 steps at 3 workers")
+    with _three_workers(tmp) as (job, steps, live):
         out.grow_s = _time_to_grow(job, steps, live)
         for i in range(kills):
             delay = FORMING_SPREAD * out.grow_s * i / max(kills - 1, 1)
@@ -207,8 +203,6 @@ def run_forming_kills(tmp: Path, kills: int) -> Forming:
                 break  # the job is not going on: the next kills would measure nothing
             back = time.time()
             _wait(lambda t=back: _settled(steps, 3, t, 3), f"3 workers steady after kill {i}")
-        job.stop()
-        job.wait(120)
     return out
 
 
