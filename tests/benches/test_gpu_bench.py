@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -143,3 +144,26 @@ def test_the_profile_part_profiles_the_same_steps_on_both_sides(tmp_path):
             assert (out / f"transformer-{side}{suffix}").stat().st_size > 0, (side, suffix)
         assert "Self CPU" in (out / f"transformer-{side}.txt").read_text()
         assert f"profile transformer {side}: host" in done.stdout
+
+
+def test_the_profile_counts_the_device_busy_once_and_no_annotated_span():
+    """Kineto lists a kernel's time twice (its own row, and the operator that launched it)
+    and gives annotated ranges (the profiler's step) their whole span as device time: the
+    device's busy time is the kernels' rows alone."""
+    from torch.autograd import DeviceType
+
+    from bench.profiling import summary
+
+    def row(key, cpu_us, device_us, device=DeviceType.CPU, annotation=False, count=2):
+        return SimpleNamespace(key=key, count=count, self_cpu_time_total=cpu_us,
+                               self_device_time_total=device_us, device_type=device,
+                               is_user_annotation=annotation)
+
+    averages = [row("aten::convolution", 300, 4000),  # its kernel's time, again
+                row("sm90_conv_kernel", 0, 4000, DeviceType.CUDA),
+                row("ProfilerStep*", 500, 19000, DeviceType.CUDA, annotation=True),
+                row("aten::item", 20, 0), row("Memcpy DtoH", 0, 10, DeviceType.CUDA)]
+    figures = summary(averages, steps=2)
+    assert figures["device_ms_per_step"] == 2.005
+    assert figures["host_ms_per_step"] == 0.41
+    assert figures["reads_per_step"] == {"aten::item": 1.0}
