@@ -195,19 +195,26 @@ def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
 
 
 def throughput_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[str, Any]:
-    """Best of ``rounds`` alternating rounds on each side, in float32 and with AMP."""
+    """Best of ``rounds`` alternating rounds on each side, in float32 and with AMP, and each
+    round's own ratio: on a GPU the host sets the pace and a side moves by 10-20% from one
+    run to the next, so the spread says how far the best-of ratio can be trusted."""
     fabric, plain = (0.0, 0.0), (0.0, 0.0, 0.0)
     fabric_amp, plain_amp = (0.0, 0.0), (0.0, 0.0, 0.0)
+    ratios, amp_ratios = [], []
     for r in range(rounds):
-        fabric = max(fabric, run_fabric(tmp / f"{w.model}-fabric-{r}", w, device))
-        plain = max(plain, run_plain(tmp / f"{w.model}-plain-{r}", w, device))
-        plain_amp = max(plain_amp, run_plain(tmp / f"{w.model}-amp-{r}", w, device, amp=True))
-        if _fabric_has_precision():
-            fabric_amp = max(fabric_amp, run_fabric(tmp / f"{w.model}-fabric-amp-{r}", w,
-                                                    device, amp=True))
+        f = run_fabric(tmp / f"{w.model}-fabric-{r}", w, device)
+        p = run_plain(tmp / f"{w.model}-plain-{r}", w, device)
+        pa = run_plain(tmp / f"{w.model}-amp-{r}", w, device, amp=True)
+        fa = (run_fabric(tmp / f"{w.model}-fabric-amp-{r}", w, device, amp=True)
+              if _fabric_has_precision() else (0.0, 0.0))
+        fabric, plain, fabric_amp, plain_amp = (max(fabric, f), max(plain, p),
+                                                max(fabric_amp, fa), max(plain_amp, pa))
+        ratios.append(round(f[0] / p[0], 3))
+        if fa[0]:
+            amp_ratios.append(round(fa[0] / pa[0], 3))
     return {"fabric": fabric[0], "fabric_it": fabric[1], "plain": plain[0],
             "plain_it": plain[1], "amp": plain_amp[0], "amp_loss": plain_amp[2],
-            "fabric_amp": fabric_amp[0] or None}
+            "fabric_amp": fabric_amp[0] or None, "ratios": ratios, "amp_ratios": amp_ratios}
 
 
 def overhead_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[str, Any]:
@@ -364,6 +371,8 @@ def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
         result[f"fabric_vs_plain_amp_{name}"] = (round(c["fabric_amp"] / c["amp"], 3)
                                                  if c["fabric_amp"] else None)
         result[f"amp_loss_finite_{name}"] = math.isfinite(c["amp_loss"])
+        result[f"fabric_vs_plain_rounds_{name}"] = c["ratios"]
+        result[f"fabric_vs_plain_amp_rounds_{name}"] = c["amp_ratios"]
     for part in parts:  # memory, checkpoint, overhead: their keys as they are
         result.update(part)
     return result
@@ -386,6 +395,9 @@ def _table(result: dict, per_model: dict, rounds: int) -> str:
                             if ratio else "    n/a (no FabricModel precision=)"))
         lines.append(f"{'':<12}AMP / float32 (plain loop): {result[f'amp_vs_fp32_{name}']:.3f}, "
                      f"loss finite: {result[f'amp_loss_finite_{name}']}")
+        if rounds > 1:
+            lines.append(f"{'':<12}each round's ratio: float32 {_listed(c['ratios'])}; "
+                         f"AMP {_listed(c['amp_ratios'])}")
     if "gpu_memory_released" in result:
         lines.append(f"GPU memory: {result['gpu_memory_baseline_mb']} MiB before, "
                      f"{result['gpu_memory_training_mb']} training, "
@@ -408,6 +420,10 @@ def _table(result: dict, per_model: dict, rounds: int) -> str:
     for name, error in result["failed_parts"].items():
         lines.append(f"FAILED {name}: {error}")
     return "\n".join(lines)
+
+
+def _listed(ratios: list[float]) -> str:
+    return ", ".join(f"{r:.3f}" for r in ratios) or "n/a"
 
 
 def _profile_lines(result: dict) -> list[str]:

@@ -37,6 +37,8 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
         amp = result[f"fabric_vs_plain_amp_{name}"]
         assert amp is None or (isinstance(amp, float) and amp > 0)
         assert result[f"amp_loss_finite_{name}"] is True
+        # One round: its own ratio is the headline's.
+        assert result[f"fabric_vs_plain_rounds_{name}"] == [result[f"fabric_vs_plain_{name}"]]
     assert result["checkpoint_resume_equal"] is True
     assert result["checkpoint_output_max_abs_diff"] == 0.0
     # The overhead part: each side's microseconds a step, and what the runtime adds.
@@ -167,3 +169,32 @@ def test_the_profile_counts_the_device_busy_once_and_no_annotated_span():
     assert figures["device_ms_per_step"] == 2.005
     assert figures["host_ms_per_step"] == 0.41
     assert figures["reads_per_step"] == {"aten::item": 1.0}
+
+
+def test_throughput_keeps_the_best_of_each_side_and_says_each_rounds_ratio(monkeypatch, tmp_path):
+    """On a GPU a side moves by 10-20% from one run to the next: the table gives the best of
+    each side and, beside it, each round's own ratio, so a reader sees the spread."""
+    from bench import gpu
+
+    # samples/s in the order each side runs: round 0's float32 then AMP, then round 1's.
+    fabric_runs = iter([1000.0, 900.0, 1300.0, 1200.0])
+    plain_runs = iter([1100.0, 1000.0, 1000.0, 1000.0])
+    monkeypatch.setattr(gpu, "_fabric_has_precision", lambda: True)
+    monkeypatch.setattr(gpu, "run_fabric",
+                        lambda tmp, w, device, amp=False: (next(fabric_runs), 0.01))
+    monkeypatch.setattr(gpu, "run_plain",
+                        lambda tmp, w, device, amp=False: (next(plain_runs), 0.01, 0.5))
+
+    c = gpu.throughput_part(tmp_path, gpu.WORKLOADS["cpu"]["resnet"][0], "cpu", rounds=2)
+
+    assert (c["fabric"], c["plain"]) == (1300.0, 1100.0)  # each side's best round
+    assert (c["fabric_amp"], c["amp"]) == (1200.0, 1000.0)
+    assert c["ratios"] == [0.909, 1.3]
+    assert c["amp_ratios"] == [0.9, 1.2]
+    result = gpu._summary("cpu", [], {"resnet": c})
+    result["failed_parts"] = {}
+    assert result["fabric_vs_plain_resnet"] == 1.182
+    assert result["fabric_vs_plain_rounds_resnet"] == [0.909, 1.3]
+    assert result["fabric_vs_plain_amp_rounds_resnet"] == [0.9, 1.2]
+    assert "each round's ratio: float32 0.909, 1.300; AMP 0.900, 1.200" in gpu._table(
+        result, {"resnet": c}, 2)
