@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Self
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -157,11 +158,9 @@ def _free_port() -> int:
 
 
 def _steps(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    # Only whole lines: the job may be writing the last one as it is read.
-    return [json.loads(line) for line in path.read_text().splitlines(keepends=True)
-            if line.endswith("\n") and line.strip()]
+    """Every whole row of a step log, as it stands now."""
+    with _StepRows(path) as rows:
+        return rows()
 
 
 def _wait(pred, what: str, timeout: float = 180.0):
@@ -174,56 +173,56 @@ def _wait(pred, what: str, timeout: float = 180.0):
     raise TimeoutError(what)
 
 
-class _LineCount:
-    """Whole lines written so far to a file that is being appended to, reading only what is
-    new at each call. Parsing the whole step log every 10 ms cost this process up to a tenth
-    of a core by the end of a run: CPU taken from the two training processes it measures on a
-    2-core machine."""
+class _Appended:
+    """A file that is being appended to (a job's step log), read from where the last read
+    ended. Parsing the whole step log every 10 ms cost this process up to a tenth of a core
+    by the end of a run: CPU taken from the two training processes it measures on a 2-core
+    machine."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.file, self.count = path, None, 0
+        self.path, self.file = path, None
+
+    def _new(self) -> bytes:
+        """What was written since the last call; nothing while the file does not exist."""
+        if self.file is None:
+            try:
+                self.file = self.path.open("rb")
+            except FileNotFoundError:
+                return b""
+        return self.file.read()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class _LineCount(_Appended):
+    """Whole lines written so far."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.count = 0
 
     def now(self) -> int:
-        if self.file is None:
-            try:
-                self.file = self.path.open("rb")
-            except FileNotFoundError:
-                return 0
-        self.count += self.file.read().count(b"\n")
+        self.count += self._new().count(b"\n")
         return self.count
 
-    def __enter__(self) -> _LineCount:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self.file is not None:
-            self.file.close()
-
-
-class _StepRows:
-    """The rows of a step log that is being appended to, parsing only what is new at each
-    call (see :class:`_LineCount` for what parsing the whole log every 10 ms costs). Only
-    whole lines: the job may be writing the last one as it is read."""
+class _StepRows(_Appended):
+    """The rows of a step log so far, each parsed once. Only whole lines: the job may be
+    writing the last one as it is read."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.file, self.rows, self._partial = path, None, [], b""
+        super().__init__(path)
+        self.rows, self._partial = [], b""
 
     def __call__(self) -> list[dict]:
-        if self.file is None:
-            try:
-                self.file = self.path.open("rb")
-            except FileNotFoundError:
-                return self.rows
-        *whole, self._partial = (self._partial + self.file.read()).split(b"\n")
+        *whole, self._partial = (self._partial + self._new()).split(b"\n")
         self.rows.extend(json.loads(line) for line in whole if line.strip())
         return self.rows
-
-    def __enter__(self) -> _StepRows:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.file is not None:
-            self.file.close()
 
 
 class _CpuWindow(threading.Thread):
