@@ -5,8 +5,10 @@
 2. **throughput**: a job training through the runtime (``FabricModel`` under its driver, one
    worker, nccl on CUDA, gloo on CPU; launched like ``bench/runtime.py``'s runs) against a
    plain single-device PyTorch loop, on the ResNet-18 and the transformer of
-   ``bench/models.py``: same model, data, batch, steps; warm-up left out; best of alternating
-   rounds. Target: FabricModel / plain >= 0.97;
+   ``bench/models.py``: same model, data, batch; warm-up left out. The sides run at once and
+   train in turns, one window of steps each (``bench/gate.py``), so that each window's ratio
+   compares two sides a few seconds apart; the median of those ratios is the headline.
+   Target: FabricModel / plain >= 0.97;
 3. **AMP**: the plain loop with automatic mixed precision (float16 autocast with a GradScaler
    on CUDA, bfloat16 autocast on CPU) against float32: samples/s and a finite loss;
 4. **memory**: NVML's used memory before the job, while its worker trains, and after the
@@ -24,7 +26,7 @@
    the tables and timelines left in ``--profile-dir``.
 
 Run: ``.venv/bin/python bench/gpu.py [--device auto|cuda|cpu] [--quick]
-[--models resnet,transformer] [--rounds N] [--steps N] [--batch N]
+[--models resnet,transformer] [--windows N] [--rounds N] [--steps N] [--batch N]
 [--parts throughput,memory,checkpoint,overhead,profile] [--profile-dir DIR]``. On a machine
 without a GPU (or with ``--device cpu``) the NVML parts say "no GPU" and are skipped; the
 rest runs on the CPU.
@@ -39,6 +41,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,9 +56,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import processes  # noqa: E402
+from bench.gate import EVERY, FIRST, GATE  # noqa: E402
 from bench.runtime import (  # noqa: E402
     Workload,
     _env,
+    _StepRows,
     _steps,
     _throughput,
     _wait,
@@ -68,10 +73,11 @@ PARTS = ("throughput", "memory", "checkpoint", "overhead", "profile")
 DEFAULT_PARTS = ("throughput", "memory", "checkpoint", "overhead")
 # (quick, full) per device. On a GPU the real ResNet-18 and a 4-layer-deep-enough encoder at
 # batches that keep it busy; on a CPU the narrow ResNet and short runs of bench/runtime.py.
+# A workload's steps are those of one throughput window (and of one run of the other parts).
 WORKLOADS = {
-    "cuda": {"resnet": (Workload("resnet", 128, 60, 10, 64), Workload("resnet", 128, 200, 20, 64)),
-             "transformer": (Workload("transformer", 64, 60, 10, 256),
-                             Workload("transformer", 64, 200, 20, 256))},
+    "cuda": {"resnet": (Workload("resnet", 128, 40, 10, 64), Workload("resnet", 128, 100, 20, 64)),
+             "transformer": (Workload("transformer", 64, 40, 10, 256),
+                             Workload("transformer", 64, 100, 20, 256))},
     "cpu": {"resnet": (Workload("resnet", 16, 8, 2, 16), Workload("resnet", 32, 20, 3, 16)),
             "transformer": (Workload("transformer", 16, 10, 2, 128),
                             Workload("transformer", 32, 30, 3, 128))},
@@ -98,10 +104,12 @@ def as_plain() -> None:
     from torch.nn import functional as F
     from torch.utils.data import DataLoader
 
+    from bench.gate import Gate
     from bench.profiling import from_env
     from bench.runtime import _model_and_data, _workload_env
 
     profiler = from_env()  # the profile part's, else None
+    gate = Gate()  # the throughput part's pauses between windows, else a no-op
     name, width, batch = _workload_env()
     device = torch.device(os.environ["BENCH_DEVICE"])
     model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
@@ -132,6 +140,7 @@ def as_plain() -> None:
                                   "ts": time.time(), "global_step": step, "loss": value}) + "\n")
             if profiler is not None:
                 profiler.step()
+            gate.after_step(step)
     if profiler is not None:
         profiler.close()
 
@@ -194,27 +203,169 @@ def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
     return _throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup)
 
 
-def throughput_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[str, Any]:
-    """Best of ``rounds`` alternating rounds on each side, in float32 and with AMP, and each
-    round's own ratio: on a GPU the host sets the pace and a side moves by 10-20% from one
-    run to the next, so the spread says how far the best-of ratio can be trusted."""
-    fabric, plain = (0.0, 0.0), (0.0, 0.0, 0.0)
-    fabric_amp, plain_amp = (0.0, 0.0), (0.0, 0.0, 0.0)
-    ratios, amp_ratios = [], []
-    for r in range(rounds):
-        f = run_fabric(tmp / f"{w.model}-fabric-{r}", w, device)
-        p = run_plain(tmp / f"{w.model}-plain-{r}", w, device)
-        pa = run_plain(tmp / f"{w.model}-amp-{r}", w, device, amp=True)
-        fa = (run_fabric(tmp / f"{w.model}-fabric-amp-{r}", w, device, amp=True)
-              if _fabric_has_precision() else (0.0, 0.0))
-        fabric, plain, fabric_amp, plain_amp = (max(fabric, f), max(plain, p),
-                                                max(fabric_amp, fa), max(plain_amp, pa))
-        ratios.append(round(f[0] / p[0], 3))
-        if fa[0]:
-            amp_ratios.append(round(fa[0] / pa[0], 3))
-    return {"fabric": fabric[0], "fabric_it": fabric[1], "plain": plain[0],
-            "plain_it": plain[1], "amp": plain_amp[0], "amp_loss": plain_amp[2],
-            "fabric_amp": fabric_amp[0] or None, "ratios": ratios, "amp_ratios": amp_ratios}
+# The throughput part's four sides: (FabricModel, AMP) of each.
+SIDES = {"fabric": (True, False), "plain": (False, False), "plain_amp": (False, True),
+         "fabric_amp": (True, True)}
+WINDOW_WAIT_S = 600.0  # a side's warm-up (its process's start) or one window, at most
+
+
+class _Windows:
+    """One side of the throughput part, trained in windows: started with a gate
+    (``bench/gate.py``) that pauses it after its warm-up and after every window of
+    ``w.steps`` steps; :meth:`open` lets it train one window and waits until it has
+    logged the window's last step."""
+
+    def __init__(self, name: str, tmp: Path, w: Workload, device: str, windows: int) -> None:
+        self.name, self.w = name, w
+        tmp.mkdir(parents=True)
+        self.tmp, gate = tmp, tmp / "gate"
+        os.mkfifo(gate)
+        # Open for reading too, so that neither this open nor the process's waits for the
+        # other end: the process's read then waits for a byte, not for a writer.
+        self.fd = os.open(gate, os.O_RDWR)
+        self.rows = _StepRows(tmp / "steps.jsonl")
+        self.windows_done = 0
+        fabric, amp = SIDES[name]
+        steps = replace(w, steps=w.warmup + windows * w.steps)
+        extra = {GATE: str(gate), FIRST: str(w.warmup), EVERY: str(w.steps)}
+        self.job = self.proc = None
+        try:
+            if fabric:
+                self.job = _fabric_job(tmp, steps, device, amp, extra)
+            else:
+                self.proc = _plain_process(tmp, steps, device, amp, extra)
+        except Exception as exc:
+            os.close(self.fd)
+            raise RuntimeError(f"the {name} side did not start ({exc}); see {tmp}") from exc
+
+    def _ended(self) -> bool:
+        proc = self.proc if self.job is None else self.job.workers.get("w0")
+        return proc is not None and proc.poll() is not None
+
+    def _wait_rows(self, n: int, what: str) -> None:
+        def there() -> bool:
+            if len(self.rows()) >= n:
+                return True
+            if self._ended():
+                raise RuntimeError(f"the {self.name} side ended before {what}; see {self.tmp}")
+            return False
+
+        try:
+            _wait(there, what, WINDOW_WAIT_S)
+        except TimeoutError:
+            raise TimeoutError(f"the {self.name} side did not finish {what} in "
+                               f"{WINDOW_WAIT_S:.0f} s; see {self.tmp}") from None
+
+    def ready(self) -> None:
+        """Waits until the side has trained its warm-up and paused."""
+        self._wait_rows(self.w.warmup, f"its {self.w.warmup} warm-up steps")
+
+    def open(self) -> None:
+        """One window: the side trains ``w.steps`` steps, then pauses again."""
+        self.windows_done += 1
+        os.write(self.fd, b"w")
+        self._wait_rows(self.w.warmup + self.windows_done * self.w.steps,
+                        f"window {self.windows_done}")
+
+    def figures(self) -> list[tuple[float, float]]:
+        """(samples/s, median iteration s) of each window: from its first step's end to its
+        last's, so the pause before it counts for nothing."""
+        rows, first, every = self.rows(), self.w.warmup, self.w.steps
+        return [_throughput(rows[first + k * every: first + (k + 1) * every], warmup=0)
+                for k in range(self.windows_done)]
+
+    def last_loss(self) -> float:
+        return self.rows()[-1]["loss"]
+
+    def finish(self) -> None:
+        """Lets the side go past its last pause and end."""
+        os.write(self.fd, b"e")
+        if self.job is not None:
+            if self.job.wait(WINDOW_WAIT_S) != 0:
+                raise RuntimeError(f"the {self.name} job failed; see {self.tmp}/log")
+        elif self.proc.wait(WINDOW_WAIT_S) != 0:
+            raise RuntimeError(f"the {self.name} loop failed; see {self.tmp / 'plain.log'}")
+
+    def close(self) -> None:
+        """Ends the side's processes, however far it got."""
+        if self.job is not None:
+            self.job.__exit__(None, None, None)
+        elif self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.fd)
+        self.rows.__exit__(None, None, None)
+
+
+def _fabric_job(tmp: Path, w: Workload, device: str, amp: bool, extra: dict[str, str]) -> Any:
+    from runtime.launcher import LocalJob
+
+    env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
+               EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
+               BENCH_PRECISION=_precision(device) if amp else "", **extra)
+    job = LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]).__enter__()
+    try:
+        job.start_driver()
+        job.add_worker("w0")
+    except BaseException:
+        job.__exit__(None, None, None)
+        raise
+    return job
+
+
+def _plain_process(tmp: Path, w: Workload, device: str, amp: bool,
+                   extra: dict[str, str]) -> subprocess.Popen:
+    env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
+               BENCH_AMP="1" if amp else "0", **extra)
+    with (tmp / "plain.log").open("wb") as out:
+        return subprocess.Popen([sys.executable, __file__, "--as", "plain"], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def throughput_part(tmp: Path, w: Workload, device: str, windows: int) -> dict[str, Any]:
+    """FabricModel against the plain loop, in float32 and with AMP, trained in turns.
+
+    On a GPU the host sets the pace, and a machine's host speed drifts by 10-20% from one
+    minute to the next: runs one after the other compare moments, not programs. So the four
+    sides run at once, each paused but for its own windows of ``w.steps`` steps, opened in
+    turn (the order rotating, so no side always follows another). Each window's ratio
+    compares two sides a few seconds apart; the headline is the median of those ratios."""
+    names = [n for n, (fabric, amp) in SIDES.items()
+             if not (fabric and amp) or _fabric_has_precision()]
+    sides: dict[str, _Windows] = {}
+    try:
+        for n in names:
+            sides[n] = _Windows(n, tmp / f"{w.model}-{n}", w, device, windows)
+        for side in sides.values():
+            side.ready()
+        for k in range(windows):
+            for n in names[k % len(names):] + names[: k % len(names)]:
+                sides[n].open()
+        figures = {n: side.figures() for n, side in sides.items()}
+        amp_loss = sides["plain_amp"].last_loss()
+        for side in sides.values():
+            side.finish()
+    finally:
+        for side in sides.values():
+            side.close()
+    return window_summary(figures, amp_loss)
+
+
+def window_summary(figures: dict[str, list[tuple[float, float]]],
+                   amp_loss: float) -> dict[str, Any]:
+    """Each side's median window (samples/s, iteration) and each window's paired ratios."""
+    def median_of(name: str, i: int) -> float:
+        return statistics.median(f[i] for f in figures[name])
+
+    def ratios(a: str, b: str) -> list[float]:
+        return [round(x[0] / y[0], 3) for x, y in zip(figures.get(a, []), figures[b],
+                                                       strict=False)]
+
+    fabric_amp = median_of("fabric_amp", 0) if figures.get("fabric_amp") else None
+    return {"fabric": median_of("fabric", 0), "fabric_it": median_of("fabric", 1),
+            "plain": median_of("plain", 0), "plain_it": median_of("plain", 1),
+            "amp": median_of("plain_amp", 0), "amp_loss": amp_loss, "fabric_amp": fabric_amp,
+            "ratios": ratios("fabric", "plain"), "amp_ratios": ratios("fabric_amp", "plain_amp")}
 
 
 def overhead_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[str, Any]:
@@ -364,22 +515,23 @@ def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
                               "gpu": gpus[0]["model"] if gpus else "no GPU",
                               "target_ratio": TARGET_RATIO}
     for name, c in per_model.items():
-        result[f"fabric_vs_plain_{name}"] = round(c["fabric"] / c["plain"], 3)
+        result[f"fabric_vs_plain_{name}"] = round(statistics.median(c["ratios"]), 3)
         result[f"fabric_samples_per_s_{name}"] = round(c["fabric"], 1)
         result[f"plain_samples_per_s_{name}"] = round(c["plain"], 1)
         result[f"amp_vs_fp32_{name}"] = round(c["amp"] / c["plain"], 3)
-        result[f"fabric_vs_plain_amp_{name}"] = (round(c["fabric_amp"] / c["amp"], 3)
-                                                 if c["fabric_amp"] else None)
+        result[f"fabric_vs_plain_amp_{name}"] = (round(statistics.median(c["amp_ratios"]), 3)
+                                                 if c["amp_ratios"] else None)
         result[f"amp_loss_finite_{name}"] = math.isfinite(c["amp_loss"])
-        result[f"fabric_vs_plain_rounds_{name}"] = c["ratios"]
-        result[f"fabric_vs_plain_amp_rounds_{name}"] = c["amp_ratios"]
+        result[f"fabric_vs_plain_windows_{name}"] = c["ratios"]
+        result[f"fabric_vs_plain_amp_windows_{name}"] = c["amp_ratios"]
     for part in parts:  # memory, checkpoint, overhead: their keys as they are
         result.update(part)
     return result
 
 
-def _table(result: dict, per_model: dict, rounds: int) -> str:
-    lines = [f"GPU benchmark on {result['device']} ({result['gpu']}; best of {rounds} rounds)"]
+def _table(result: dict, per_model: dict, windows: int) -> str:
+    lines = [f"GPU benchmark on {result['device']} ({result['gpu']}; throughput: median of "
+             f"{windows} windows a side, trained in turns)"]
     for gpu in result["gpus"]:
         lines.append(f"  GPU {gpu['index']} {gpu['uuid']} {gpu['model']} "
                      f"{gpu['memory_used_mb']}/{gpu['memory_mb']} MiB used, "
@@ -389,14 +541,15 @@ def _table(result: dict, per_model: dict, rounds: int) -> str:
     for name, c in per_model.items():
         for label, fab, plain in (("float32", c["fabric"], c["plain"]),
                                   (_precision(result["device"]), c["fabric_amp"], c["amp"])):
-            ratio = fab / plain if fab else None
+            ratio = result[f"fabric_vs_plain_{name}" if label == "float32"
+                           else f"fabric_vs_plain_amp_{name}"]
             lines.append(f"{name:<12}{label:<10}{fab or 0:>14,.1f}{plain:>10,.1f}"
                          + (f"{ratio:>7.3f}{'yes' if ratio >= TARGET_RATIO else 'NO':>5}"
                             if ratio else "    n/a (no FabricModel precision=)"))
         lines.append(f"{'':<12}AMP / float32 (plain loop): {result[f'amp_vs_fp32_{name}']:.3f}, "
                      f"loss finite: {result[f'amp_loss_finite_{name}']}")
-        if rounds > 1:
-            lines.append(f"{'':<12}each round's ratio: float32 {_listed(c['ratios'])}; "
+        if windows > 1:
+            lines.append(f"{'':<12}each window's ratio: float32 {_listed(c['ratios'])}; "
                          f"AMP {_listed(c['amp_ratios'])}")
     if "gpu_memory_released" in result:
         lines.append(f"GPU memory: {result['gpu_memory_baseline_mb']} MiB before, "
@@ -444,11 +597,14 @@ def _profile_lines(result: dict) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    parser.add_argument("--quick", action="store_true", help="shorter runs, one round")
+    parser.add_argument("--quick", action="store_true", help="shorter runs, fewer of them")
     parser.add_argument("--models", default="resnet,transformer")
-    parser.add_argument("--rounds", type=int, help="alternating rounds (default 1 quick, 3)")
-    parser.add_argument("--steps", type=int, help="steps of each throughput round instead "
-                        "of the workload's own: longer windows settle a ratio")
+    parser.add_argument("--windows", type=int, help="throughput windows each side trains, in "
+                        "turns (default 3 quick, 12)")
+    parser.add_argument("--rounds", type=int, help="alternating runs of the overhead part "
+                        "(default 1 quick, 3)")
+    parser.add_argument("--steps", type=int, help="steps of each throughput window instead "
+                        "of the workload's own")
     parser.add_argument("--batch", type=int, help="micro-batch of every throughput run "
                         "instead of the workload's own: larger ones keep a fast GPU busy")
     parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
@@ -465,23 +621,25 @@ def _workloads(args: argparse.Namespace, device: str) -> dict[str, Workload]:
     names = [n for n in args.models.split(",") if n]
     loads = {n: WORKLOADS[device][n][0 if args.quick else 1] for n in names}
     if args.steps:
-        loads = {n: replace(w, steps=max(args.steps, 2 * w.warmup)) for n, w in loads.items()}
+        loads = {n: replace(w, steps=max(args.steps, 2)) for n, w in loads.items()}
     if args.batch:
         loads = {n: replace(w, batch=args.batch) for n, w in loads.items()}
     return loads
 
 
 def _run_parts(parts: list[str], loads: dict[str, Workload], overhead: Workload, device: str,
-               rounds: int, profile_dir: Path | None, failed: dict[str, str]) -> dict[str, Any]:
+               repeats: tuple[int, int], profile_dir: Path | None,
+               failed: dict[str, str]) -> dict[str, Any]:
     """Each part asked for, in order; what each measured (None for a part that failed)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     first = next(iter(loads.values()))
+    windows, rounds = repeats
     out: dict[str, Any] = {"throughput": {}, "profile": {}, "memory": {}, "checkpoint": {},
                            "overhead": {}}
     try:
         for n, w in loads.items() if "throughput" in parts else ():
             out["throughput"][n] = _part(f"throughput_{n}", failed, throughput_part, tmp, w,
-                                         device, rounds)
+                                         device, windows)
         if "profile" in parts:
             profile_dir = profile_dir or Path(tempfile.mkdtemp(prefix="bench-gpu-profile-"))
             profile_dir.mkdir(parents=True, exist_ok=True)
@@ -513,19 +671,22 @@ def main() -> None:
     device = args.device if args.device != "auto" else (
         "cuda" if torch.cuda.is_available() else "cpu")
     rounds = args.rounds or (1 if args.quick else 3)
+    windows = args.windows or (3 if args.quick else 12)
+    if min(rounds, windows) < 1:
+        parser.error("--rounds and --windows must be at least 1")
     parts = [p for p in args.parts.split(",") if p]
     if unknown := sorted(set(parts) - set(PARTS)):
         parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
     gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
     failed: dict[str, str] = {}
     done = _run_parts(parts, _workloads(args, device), OVERHEAD[0 if args.quick else 1], device,
-                      rounds, args.profile_dir, failed)
+                      (windows, rounds), args.profile_dir, failed)
     per_model = {n: c for n, c in done["throughput"].items() if c}
     result = _summary(device, gpus, per_model, done["memory"] or {}, done["checkpoint"] or {},
                       done["overhead"] or {})
     result.update({f"profile_{n}": c for n, c in done["profile"].items() if c})
     result["failed_parts"] = failed
-    print(_table(result, per_model, rounds))
+    print(_table(result, per_model, windows))
     print(json.dumps(result))
     if failed:
         sys.exit(1)

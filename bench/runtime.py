@@ -96,6 +96,7 @@ def as_fabric() -> None:
     import torch
     from torch.nn import functional as F
 
+    from bench.gate import GATE, GateCallback
     from bench.profiling import ProfileCallback
     from runtime import FabricModel
 
@@ -107,6 +108,8 @@ def as_fabric() -> None:
         "BENCH_PRECISION") else {}
     # bench/gpu.py's profile part: torch.profiler over a window of steps, as a user callback.
     callbacks = [ProfileCallback()] if os.environ.get("BENCH_PROFILE") else []
+    # bench/gpu.py's throughput part: pauses between windows of steps, as its harness says.
+    callbacks += [GateCallback()] if os.environ.get(GATE) else []
     fm = FabricModel(model, lambda: (data, None), F.cross_entropy, optimizer, **precision,
                      user_callback=callbacks)
     fm.train(int(os.environ["BENCH_EPOCHS"]), batch, int(os.environ["BENCH_ENGINES"]),

@@ -112,7 +112,10 @@ def test_live_bench_ends_daphne_and_the_event_consumer_on_sigterm(bench, needs_r
 @pytest.mark.slow
 def test_gpu_bench_on_cpu_ends_its_job_on_sigterm(bench):
     run = bench("gpu.py", "--device", "cpu", "--quick")
-    run.wait_until(lambda r: r.count("--as fabric") >= 2, "a driver and its worker", 240)
+    # The throughput part's four sides at once: two jobs (a driver and a worker each) and two
+    # plain loops, each paused on its gate between windows but for the one training.
+    run.wait_until(lambda r: r.count("--as fabric") >= 4 and r.count("--as plain") >= 2,
+                   "two jobs and two plain loops", 240)
     assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
 
 

@@ -9,6 +9,8 @@ import math
 import os
 import subprocess
 import sys
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -37,8 +39,9 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
         amp = result[f"fabric_vs_plain_amp_{name}"]
         assert amp is None or (isinstance(amp, float) and amp > 0)
         assert result[f"amp_loss_finite_{name}"] is True
-        # One round: its own ratio is the headline's.
-        assert result[f"fabric_vs_plain_rounds_{name}"] == [result[f"fabric_vs_plain_{name}"]]
+        # Three windows a side (--quick): the headline is the median of their ratios.
+        windows = result[f"fabric_vs_plain_windows_{name}"]
+        assert len(windows) == 3 and result[f"fabric_vs_plain_{name}"] == sorted(windows)[1]
     assert result["checkpoint_resume_equal"] is True
     assert result["checkpoint_output_max_abs_diff"] == 0.0
     # The overhead part: each side's microseconds a step, and what the runtime adds.
@@ -171,30 +174,109 @@ def test_the_profile_counts_the_device_busy_once_and_no_annotated_span():
     assert figures["reads_per_step"] == {"aten::item": 1.0}
 
 
-def test_throughput_keeps_the_best_of_each_side_and_says_each_rounds_ratio(monkeypatch, tmp_path):
-    """On a GPU a side moves by 10-20% from one run to the next: the table gives the best of
-    each side and, beside it, each round's own ratio, so a reader sees the spread."""
+def test_throughput_pairs_each_window_with_its_neighbour_and_takes_the_median_ratio():
+    """On a GPU a side's speed drifts by 10-20% from one minute to the next: each window's
+    ratio compares two sides trained a few seconds apart, and the headline is their median,
+    which one window caught by a pause of the machine does not move."""
     from bench import gpu
 
-    # samples/s in the order each side runs: round 0's float32 then AMP, then round 1's.
-    fabric_runs = iter([1000.0, 900.0, 1300.0, 1200.0])
-    plain_runs = iter([1100.0, 1000.0, 1000.0, 1000.0])
-    monkeypatch.setattr(gpu, "_fabric_has_precision", lambda: True)
-    monkeypatch.setattr(gpu, "run_fabric",
-                        lambda tmp, w, device, amp=False: (next(fabric_runs), 0.01))
-    monkeypatch.setattr(gpu, "run_plain",
-                        lambda tmp, w, device, amp=False: (next(plain_runs), 0.01, 0.5))
+    # (samples/s, median iteration s) of each side's windows, in order.
+    figures = {"fabric": [(1000.0, 0.010), (1300.0, 0.008), (700.0, 0.02)],
+               "plain": [(1100.0, 0.009), (1000.0, 0.010), (1000.0, 0.01)],
+               "plain_amp": [(1000.0, 0.010), (1000.0, 0.010), (500.0, 0.02)],
+               "fabric_amp": [(900.0, 0.011), (1200.0, 0.008), (1000.0, 0.01)]}
 
-    c = gpu.throughput_part(tmp_path, gpu.WORKLOADS["cpu"]["resnet"][0], "cpu", rounds=2)
+    c = gpu.window_summary(figures, amp_loss=0.5)
 
-    assert (c["fabric"], c["plain"]) == (1300.0, 1100.0)  # each side's best round
-    assert (c["fabric_amp"], c["amp"]) == (1200.0, 1000.0)
-    assert c["ratios"] == [0.909, 1.3]
-    assert c["amp_ratios"] == [0.9, 1.2]
+    assert c["ratios"] == [0.909, 1.3, 0.7]
+    assert c["amp_ratios"] == [0.9, 1.2, 2.0]
+    # Each side's median window, not its best: 1000 of FabricModel's 700, 1000 and 1300.
+    assert (c["fabric"], c["plain"], c["fabric_amp"], c["amp"]) == (1000.0, 1000.0, 1000.0,
+                                                                    1000.0)
+    assert (c["fabric_it"], c["plain_it"]) == (0.010, 0.010)
     result = gpu._summary("cpu", [], {"resnet": c})
     result["failed_parts"] = {}
-    assert result["fabric_vs_plain_resnet"] == 1.182
-    assert result["fabric_vs_plain_rounds_resnet"] == [0.909, 1.3]
-    assert result["fabric_vs_plain_amp_rounds_resnet"] == [0.9, 1.2]
-    assert "each round's ratio: float32 0.909, 1.300; AMP 0.900, 1.200" in gpu._table(
-        result, {"resnet": c}, 2)
+    assert result["fabric_vs_plain_resnet"] == 0.909  # the median ratio, not 1000 / 1000
+    assert result["fabric_vs_plain_amp_resnet"] == 1.2
+    assert result["fabric_vs_plain_windows_resnet"] == [0.909, 1.3, 0.7]
+    assert result["fabric_vs_plain_amp_windows_resnet"] == [0.9, 1.2, 2.0]
+    table = gpu._table(result, {"resnet": c}, 3)
+    assert "median of 3 windows a side, trained in turns" in table
+    assert "each window's ratio: float32 0.909, 1.300, 0.700; AMP 0.900, 1.200, 2.000" in table
+    assert "resnet      float32          1,000.0   1,000.0  0.909   NO" in table
+
+
+def test_a_runtime_without_precision_has_no_amp_ratio():
+    from bench import gpu
+
+    figures = {"fabric": [(1000.0, 0.01)], "plain": [(1000.0, 0.01)],
+               "plain_amp": [(1500.0, 0.01)]}
+    c = gpu.window_summary(figures, amp_loss=0.5)
+    assert c["fabric_amp"] is None and c["amp_ratios"] == []
+    result = gpu._summary("cpu", [], {"resnet": c})
+    result["failed_parts"] = {}
+    assert result["fabric_vs_plain_amp_resnet"] is None
+    assert "n/a (no FabricModel precision=)" in gpu._table(result, {"resnet": c}, 1)
+
+
+def test_the_gate_pauses_after_the_warm_up_and_each_window_until_it_is_opened(tmp_path,
+                                                                               monkeypatch):
+    from bench import gate
+
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    harness = os.open(fifo, os.O_RDWR)
+    monkeypatch.setenv(gate.GATE, str(fifo))
+    monkeypatch.setenv(gate.FIRST, "2")
+    monkeypatch.setenv(gate.EVERY, "3")
+    g = gate.Gate()
+    passed: list[int] = []
+
+    def train(steps: int) -> None:
+        for step in range(1, steps + 1):
+            g.after_step(step)
+            passed.append(step)
+
+    os.write(harness, b"ww")  # the warm-up's pause (after step 2) and one window's (step 5)
+    trainer = threading.Thread(target=train, args=(9,), daemon=True)
+    trainer.start()
+    # It stops after step 8: its third pause, with no byte left to read.
+    deadline = time.monotonic() + 30
+    while len(passed) < 7 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    trainer.join(timeout=0.5)
+    assert trainer.is_alive() and passed == [1, 2, 3, 4, 5, 6, 7], passed
+    os.write(harness, b"w")
+    trainer.join(timeout=30)
+    assert not trainer.is_alive() and passed == list(range(1, 10))
+    os.close(harness)
+
+
+def test_a_gate_without_a_harness_never_pauses(monkeypatch):
+    from bench import gate
+
+    monkeypatch.delenv(gate.GATE, raising=False)
+    g = gate.Gate()
+    for step in range(1, 50):
+        g.after_step(step)  # would block forever on a real gate
+    assert g.fd is None
+
+
+@pytest.mark.timeout(300)
+def test_a_side_that_cannot_start_or_train_is_named_with_where_to_look(tmp_path, monkeypatch):
+    from bench import gpu
+    from bench.runtime import Workload
+
+    nope = Workload("nope", 4, 3, 2)  # no such model: the script raises as it starts
+    with pytest.raises(RuntimeError, match=r"the fabric side did not start \(driver exited "
+                                           r"with 1 before listening\); see .*nope-fabric"):
+        gpu.throughput_part(tmp_path / "a", nope, "cpu", windows=1)
+    assert "unknown model 'nope'" in (tmp_path / "a" / "nope-fabric" / "log" / "driver"
+                                      / "stdout").read_text()
+
+    # A side that started and then died is named too, instead of waited for.
+    monkeypatch.setattr(gpu, "SIDES", {"plain": (False, False)})
+    with pytest.raises(RuntimeError, match=r"the plain side ended before its 2 warm-up steps; "
+                                           r"see .*nope-plain"):
+        gpu.throughput_part(tmp_path / "b", nope, "cpu", windows=1)
+    assert "unknown model 'nope'" in (tmp_path / "b" / "nope-plain" / "plain.log").read_text()
