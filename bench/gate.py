@@ -31,10 +31,14 @@ class Gate:
         self.fd: int | None = None
 
     def after_step(self, step: int) -> None:
-        """``step`` counts from 1. Blocks at a window's end until the harness writes a byte;
-        a closed gate (the harness is gone) lets the process go on to its end."""
-        if not self.path or step < self.first or (step - self.first) % self.every:
-            return
+        """``step`` counts from 1. Blocks at a window's end until the harness opens the
+        next."""
+        if self.path and step >= self.first and (step - self.first) % self.every == 0:
+            self.wait()
+
+    def wait(self) -> None:
+        """Blocks until the harness writes a byte; a closed gate (the harness is gone)
+        lets the process go on to its end."""
         if self.fd is None:
             # The harness holds the pipe open for reading and writing, so this open does not
             # wait for a writer, and a read waits for the harness's byte.
@@ -51,5 +55,8 @@ class GateCallback:
         self.steps = 0
 
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        from bench import opcost
+
         self.steps += 1
+        opcost.after_step(self.steps, self.gate)
         self.gate.after_step(self.steps)

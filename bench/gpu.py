@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import processes  # noqa: E402
 from bench.gate import EVERY, FIRST, GATE  # noqa: E402
+from bench.opcost import OPCOST  # noqa: E402
 from bench.runtime import (  # noqa: E402
     Workload,
     _env,
@@ -104,6 +105,7 @@ def as_plain() -> None:
     from torch.nn import functional as F
     from torch.utils.data import DataLoader
 
+    from bench import opcost
     from bench.gate import Gate
     from bench.profiling import from_env
     from bench.runtime import _model_and_data, _workload_env
@@ -140,6 +142,7 @@ def as_plain() -> None:
                                   "ts": time.time(), "global_step": step, "loss": value}) + "\n")
             if profiler is not None:
                 profiler.step()
+            opcost.after_step(step, gate)
             gate.after_step(step)
     if profiler is not None:
         profiler.close()
@@ -227,7 +230,9 @@ class _Windows:
         self.windows_done = 0
         fabric, amp = SIDES[name]
         steps = replace(w, steps=w.warmup + windows * w.steps)
-        extra = {GATE: str(gate), FIRST: str(w.warmup), EVERY: str(w.steps)}
+        self.opcost = tmp / "opcost.json"
+        extra = {GATE: str(gate), FIRST: str(w.warmup), EVERY: str(w.steps),
+                 OPCOST: str(self.opcost)}
         self.job = self.proc = None
         try:
             if fabric:
@@ -259,6 +264,19 @@ class _Windows:
     def ready(self) -> None:
         """Waits until the side has trained its warm-up and paused."""
         self._wait_rows(self.w.warmup, f"its {self.w.warmup} warm-up steps")
+
+    def measure_ops(self) -> dict[str, float]:
+        """The side's turn to time small operations in its process (``bench/opcost.py``)."""
+        os.write(self.fd, b"o")
+
+        def there() -> bool:
+            if self._ended():
+                raise RuntimeError(f"the {self.name} side ended before timing its operations;"
+                                   f" see {self.tmp}")
+            return self.opcost.exists()
+
+        _wait(there, f"the {self.name} side's operation costs", WINDOW_WAIT_S)
+        return json.loads(self.opcost.read_text())
 
     def open(self) -> None:
         """One window: the side trains ``w.steps`` steps, then pauses again."""
@@ -338,6 +356,7 @@ def throughput_part(tmp: Path, w: Workload, device: str, windows: int) -> dict[s
             sides[n] = _Windows(n, tmp / f"{w.model}-{n}", w, device, windows)
         for side in sides.values():
             side.ready()
+        ops = {n: side.measure_ops() for n, side in sides.items()}
         for k in range(windows):
             for n in names[k % len(names):] + names[: k % len(names)]:
                 sides[n].open()
@@ -348,7 +367,7 @@ def throughput_part(tmp: Path, w: Workload, device: str, windows: int) -> dict[s
     finally:
         for side in sides.values():
             side.close()
-    return window_summary(figures, amp_loss)
+    return {**window_summary(figures, amp_loss), "op_us": ops}
 
 
 def window_summary(figures: dict[str, list[tuple[float, float]]],
@@ -524,6 +543,8 @@ def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
         result[f"amp_loss_finite_{name}"] = math.isfinite(c["amp_loss"])
         result[f"fabric_vs_plain_windows_{name}"] = c["ratios"]
         result[f"fabric_vs_plain_amp_windows_{name}"] = c["amp_ratios"]
+        if "op_us" in c:
+            result[f"op_us_{name}"] = c["op_us"]
     for part in parts:  # memory, checkpoint, overhead: their keys as they are
         result.update(part)
     return result
@@ -551,6 +572,7 @@ def _table(result: dict, per_model: dict, windows: int) -> str:
         if windows > 1:
             lines.append(f"{'':<12}each window's ratio: float32 {_listed(c['ratios'])}; "
                          f"AMP {_listed(c['amp_ratios'])}")
+        lines += _op_lines(c.get("op_us") or {})
     if "gpu_memory_released" in result:
         lines.append(f"GPU memory: {result['gpu_memory_baseline_mb']} MiB before, "
                      f"{result['gpu_memory_training_mb']} training, "
@@ -573,6 +595,13 @@ def _table(result: dict, per_model: dict, windows: int) -> str:
     for name, error in result["failed_parts"].items():
         lines.append(f"FAILED {name}: {error}")
     return "\n".join(lines)
+
+
+def _op_lines(ops: dict[str, dict[str, float]]) -> list[str]:
+    """The host's microseconds a small operation inside each side's process."""
+    return [f"{'':<12}host us a call inside the {side} process: add_ {f['add_us']:.2f}, "
+            f"forward+backward {f['fwd_bwd_us']:.2f}, with AMP {f['fwd_bwd_amp_us']:.2f}"
+            for side, f in ops.items()]
 
 
 def _listed(ratios: list[float]) -> str:

@@ -42,6 +42,14 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
         # Three windows a side (--quick): the headline is the median of their ratios.
         windows = result[f"fabric_vs_plain_windows_{name}"]
         assert len(windows) == 3 and result[f"fabric_vs_plain_{name}"] == sorted(windows)[1]
+        # Each side timed small operations inside its own process, after its warm-up.
+        ops = result[f"op_us_{name}"]
+        assert set(ops) == {"fabric", "plain", "plain_amp", "fabric_amp"}, ops
+        for side, figures in ops.items():
+            assert set(figures) == {"add_us", "fwd_bwd_us", "fwd_bwd_amp_us"}, side
+            assert all(v > 0 for v in figures.values()), (side, figures)
+        assert (f"host us a call inside the fabric process: add_ "
+                f"{ops['fabric']['add_us']:.2f}") in done.stdout
     assert result["checkpoint_resume_equal"] is True
     assert result["checkpoint_output_max_abs_diff"] == 0.0
     # The overhead part: each side's microseconds a step, and what the runtime adds.
@@ -249,6 +257,32 @@ def test_the_gate_pauses_after_the_warm_up_and_each_window_until_it_is_opened(tm
     os.write(harness, b"w")
     trainer.join(timeout=30)
     assert not trainer.is_alive() and passed == list(range(1, 10))
+    os.close(harness)
+
+
+def test_each_side_times_small_operations_in_its_turn_after_its_warm_up(tmp_path,
+                                                                        monkeypatch):
+    from bench import gate, opcost
+
+    fifo, out = tmp_path / "gate", tmp_path / "opcost.json"
+    os.mkfifo(fifo)
+    harness = os.open(fifo, os.O_RDWR)
+    monkeypatch.setenv(gate.GATE, str(fifo))
+    monkeypatch.setenv(gate.FIRST, "2")
+    monkeypatch.setenv(opcost.OPCOST, str(out))
+    g = gate.Gate()
+    opcost.after_step(1, g)  # not the warm-up's last step: nothing, and no wait
+    assert not out.exists()
+    side = threading.Thread(target=opcost.after_step, args=(2, g), daemon=True)
+    side.start()
+    side.join(timeout=0.5)
+    assert side.is_alive() and not out.exists()  # waiting for its turn
+    os.write(harness, b"o")
+    side.join(timeout=120)
+    assert not side.is_alive()
+    figures = json.loads(out.read_text())
+    assert set(figures) == {"add_us", "fwd_bwd_us", "fwd_bwd_amp_us"}
+    assert 0 < figures["add_us"] < figures["fwd_bwd_us"], figures
     os.close(harness)
 
 
