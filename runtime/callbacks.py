@@ -50,23 +50,20 @@ class ELogLogger:
     def __init__(self, result_dir: str | None = None) -> None:
         self.result_dir = result_dir
         self.global_steps = 0
+        self._records: EMetrics | None = None
+        self._next_rindex = 1  # records are numbered across reopenings
 
     def _emetrics(self, group: str, iteration: int, values: dict[str, Any]) -> None:
         if not self.result_dir:
             return
-        os.makedirs(self.result_dir, exist_ok=True)
-        path = os.path.join(self.result_dir, "evaluation-metrics.txt")
-        with open(path, "a", encoding="utf-8") as f:
-            em = EMetrics(None, f)
-            em.r_index = self._next_index()
-            em.record(group, iteration, values)
-            em.f = None
-
-    _rindex = 0
-
-    def _next_index(self) -> int:
-        self._rindex += 1
-        return self._rindex
+        if self._records is None:
+            # Opened once, appended to and flushed at every record: a record comes at every
+            # step, and a folder check, an open and a close each time cost more than it.
+            os.makedirs(self.result_dir, exist_ok=True)
+            path = os.path.join(self.result_dir, "evaluation-metrics.txt")
+            self._records = EMetrics(None, open(path, "a", encoding="utf-8"))  # noqa: SIM115
+            self._records.r_index = self._next_rindex
+        self._records.record(group, iteration, values)
 
     def log_train_metrics(self, metrics: dict, iteration: int, epoch: int, workers: int) -> None:
         self.global_steps += 1
@@ -82,6 +79,10 @@ class ELogLogger:
 
     def on_train_end(self) -> None:
         print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Training finished", flush=True)
+        if self._records is not None:
+            self._next_rindex = self._records.r_index
+            self._records.close()
+            self._records = None
 
 
 # The names each argument goes by (WMLA's and its samples'), per method. A parameter with a

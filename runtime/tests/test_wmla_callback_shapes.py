@@ -201,3 +201,23 @@ def test_default_logger_lines_show_no_accuracy_without_a_metric(
     out = [line for line in capsys.readouterr().out.splitlines()
            if "Train," in line or "Test," in line]
     assert len(out) == 2 and not any("Accuracy" in line for line in out), out
+
+
+def test_default_logger_appends_each_record_at_once_and_numbers_them(tmp_path: Path) -> None:
+    from runtime.callbacks import ELogLogger
+
+    result = tmp_path / "result"  # made by the first record
+    result_file = result / "evaluation-metrics.txt"
+    logger = ELogLogger(str(result))
+    logger.log_train_metrics({"loss": 2.0}, 1, 0, 1)
+    # Flushed as it is recorded: a reader of the running job's file sees it at once.
+    first = [json.loads(line) for line in result_file.read_text().splitlines()]
+    assert [r["meta"]["rindex"] for r in first] == [1]
+    logger.log_train_metrics({"loss": 1.5}, 2, 0, 1)
+    logger.log_test_metrics({"loss": 1.0}, 1, 0)
+    logger.on_train_end()
+    logger.log_test_metrics({"loss": 0.9}, 1, 1)  # after the end: appended, not lost
+    records = [json.loads(line) for line in result_file.read_text().splitlines()]
+    assert [(r["grouplabel"], r["meta"]["rindex"]) for r in records] == [
+        ("Train", 1), ("Train", 2), ("Test", 3), ("Test", 4)]
+    assert records[1]["values"] == {"loss": {"type": 3, "value": 1.5}}
