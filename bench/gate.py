@@ -7,13 +7,16 @@ the next. Each process pauses after its warm-up and after every window of steps 
 follows, and waits for one byte on its gate (a named pipe the harness holds open) before it
 goes on. Paused, it holds its memory and CUDA context but uses no processor and no GPU.
 
-The training script's side (this module) needs nothing but the standard library: the plain
-loop calls :meth:`Gate.after_step` itself, FabricModel gets :class:`GateCallback`.
+The training script's side (this module) needs nothing but the standard library (and
+``bench/opcost.py``, which imports torch only when it measures): the plain loop calls
+:meth:`Gate.after_step` itself, FabricModel gets :class:`GateCallback`.
 """
 
 from __future__ import annotations
 
 import os
+
+from bench import opcost
 
 # The environment the harness sets: the gate's path, the steps before the first pause (the
 # warm-up) and the steps of a window.
@@ -55,8 +58,6 @@ class GateCallback:
         self.steps = 0
 
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        from bench import opcost
-
         self.steps += 1
         opcost.after_step(self.steps, self.gate)
         self.gate.after_step(self.steps)

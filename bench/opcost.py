@@ -27,8 +27,10 @@ import json
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from bench.gate import Gate
+if TYPE_CHECKING:  # bench.gate imports this module
+    from bench.gate import Gate
 
 OPCOST = "BENCH_OPCOST"
 REPEATS = 5
