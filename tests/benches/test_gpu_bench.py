@@ -248,7 +248,7 @@ def test_the_gate_pauses_after_the_warm_up_and_each_window_until_it_is_opened(tm
     os.write(harness, b"ww")  # the warm-up's pause (after step 2) and one window's (step 5)
     trainer = threading.Thread(target=train, args=(9,), daemon=True)
     trainer.start()
-    # It stops after step 8: its third pause, with no byte left to read.
+    # It stops at the end of step 8, its third pause, with no byte left to read.
     deadline = time.monotonic() + 30
     while len(passed) < 7 and time.monotonic() < deadline:
         time.sleep(0.01)
