@@ -37,6 +37,7 @@ Prints a table; the last line is one JSON object. This file is also the plain lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -47,7 +48,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -157,15 +158,23 @@ def _device_env(device: str) -> dict[str, str]:
     return {"EDT_BACKEND": "nccl"}
 
 
+# The plain loop's process: this file, in its training script's role.
+PLAIN_LOOP = [sys.executable, __file__, "--as", "plain"]
+
+
+def _plain_env(tmp: Path, w: Workload, device: str, amp: bool,
+               extra: dict[str, str]) -> dict[str, str]:
+    return _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
+                BENCH_AMP="1" if amp else "0", **extra)
+
+
 def run_plain(tmp: Path, w: Workload, device: str, amp: bool = False,
               **extra: str) -> tuple[float, float, float]:
     """(samples/s, median iteration s, last loss) of the plain loop; ``extra`` joins its
     environment."""
     tmp.mkdir(parents=True)
-    env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
-               BENCH_AMP="1" if amp else "0", **extra)
     with (tmp / "plain.log").open("wb") as out:
-        rc = subprocess.run([sys.executable, __file__, "--as", "plain"], env=env, stdout=out,
+        rc = subprocess.run(PLAIN_LOOP, env=_plain_env(tmp, w, device, amp, extra), stdout=out,
                             stderr=subprocess.STDOUT, timeout=1800).returncode
     if rc != 0:
         raise RuntimeError(f"the plain loop failed; see {tmp / 'plain.log'}")
@@ -188,19 +197,40 @@ def _precision(device: str) -> str:
     return "16-mixed" if device == "cuda" else "bf16-mixed"
 
 
-def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
-               **extra: str) -> tuple[float, float]:
-    """(samples/s, median iteration s) of a job of one worker under its driver; ``extra``
-    joins its environment."""
+@contextlib.contextmanager
+def _fabric_job(tmp: Path, w: Workload, device: str, amp: bool,
+                extra: dict[str, str]) -> Iterator[Any]:
+    """A job of one worker under its driver, started; ended on leaving."""
     from runtime.launcher import LocalJob
 
-    tmp.mkdir(parents=True)
     env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
                EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
                BENCH_PRECISION=_precision(device) if amp else "", **extra)
     with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
         job.start_driver()
         job.add_worker("w0")
+        yield job
+
+
+def _plain_process(tmp: Path, w: Workload, device: str, amp: bool,
+                   extra: dict[str, str]) -> subprocess.Popen:
+    with (tmp / "plain.log").open("wb") as out:
+        return subprocess.Popen(PLAIN_LOOP, env=_plain_env(tmp, w, device, amp, extra),
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def _killed(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
+               **extra: str) -> tuple[float, float]:
+    """(samples/s, median iteration s) of a job of one worker under its driver; ``extra``
+    joins its environment."""
+    tmp.mkdir(parents=True)
+    with _fabric_job(tmp, w, device, amp, extra) as job:
         if job.wait(1800) != 0:
             raise RuntimeError(f"the FabricModel job failed; see {tmp}/log")
     return _throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup)
@@ -223,10 +253,12 @@ class _Windows:
         tmp.mkdir(parents=True)
         self.tmp, gate = tmp, tmp / "gate"
         os.mkfifo(gate)
+        self._ends = contextlib.ExitStack()  # what close() undoes, the processes first
         # Open for reading too, so that neither this open nor the process's waits for the
         # other end: the process's read then waits for a byte, not for a writer.
         self.fd = os.open(gate, os.O_RDWR)
-        self.rows = _StepRows(tmp / "steps.jsonl")
+        self._ends.callback(os.close, self.fd)
+        self.rows = self._ends.enter_context(_StepRows(tmp / "steps.jsonl"))
         self.windows_done = 0
         fabric, amp = SIDES[name]
         steps = replace(w, steps=w.warmup + windows * w.steps)
@@ -236,20 +268,23 @@ class _Windows:
         self.job = self.proc = None
         try:
             if fabric:
-                self.job = _fabric_job(tmp, steps, device, amp, extra)
+                self.job = self._ends.enter_context(_fabric_job(tmp, steps, device, amp, extra))
             else:
                 self.proc = _plain_process(tmp, steps, device, amp, extra)
+                self._ends.callback(_killed, self.proc)
         except Exception as exc:
-            os.close(self.fd)
+            self._ends.close()
             raise RuntimeError(f"the {name} side did not start ({exc}); see {tmp}") from exc
 
     def _ended(self) -> bool:
         proc = self.proc if self.job is None else self.job.workers.get("w0")
         return proc is not None and proc.poll() is not None
 
-    def _wait_rows(self, n: int, what: str) -> None:
+    def _until(self, done: Callable[[], bool], what: str) -> None:
+        """Waits for ``done``; a side that ends first, or takes longer than
+        ``WINDOW_WAIT_S``, is named with the folder to look in."""
         def there() -> bool:
-            if len(self.rows()) >= n:
+            if done():
                 return True
             if self._ended():
                 raise RuntimeError(f"the {self.name} side ended before {what}; see {self.tmp}")
@@ -263,27 +298,21 @@ class _Windows:
 
     def ready(self) -> None:
         """Waits until the side has trained its warm-up and paused."""
-        self._wait_rows(self.w.warmup, f"its {self.w.warmup} warm-up steps")
+        self._until(lambda: len(self.rows()) >= self.w.warmup,
+                    f"its {self.w.warmup} warm-up steps")
 
     def measure_ops(self) -> dict[str, float]:
         """The side's turn to time small operations in its process (``bench/opcost.py``)."""
         os.write(self.fd, b"o")
-
-        def there() -> bool:
-            if self._ended():
-                raise RuntimeError(f"the {self.name} side ended before timing its operations;"
-                                   f" see {self.tmp}")
-            return self.opcost.exists()
-
-        _wait(there, f"the {self.name} side's operation costs", WINDOW_WAIT_S)
+        self._until(self.opcost.exists, "timing its operations")
         return json.loads(self.opcost.read_text())
 
     def open(self) -> None:
         """One window: the side trains ``w.steps`` steps, then pauses again."""
         self.windows_done += 1
         os.write(self.fd, b"w")
-        self._wait_rows(self.w.warmup + self.windows_done * self.w.steps,
-                        f"window {self.windows_done}")
+        last = self.w.warmup + self.windows_done * self.w.steps
+        self._until(lambda: len(self.rows()) >= last, f"window {self.windows_done}")
 
     def figures(self) -> list[tuple[float, float]]:
         """(samples/s, median iteration s) of each window: from its first step's end to its
@@ -306,38 +335,7 @@ class _Windows:
 
     def close(self) -> None:
         """Ends the side's processes, however far it got."""
-        if self.job is not None:
-            self.job.__exit__(None, None, None)
-        elif self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self.fd)
-        self.rows.__exit__(None, None, None)
-
-
-def _fabric_job(tmp: Path, w: Workload, device: str, amp: bool, extra: dict[str, str]) -> Any:
-    from runtime.launcher import LocalJob
-
-    env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
-               EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
-               BENCH_PRECISION=_precision(device) if amp else "", **extra)
-    job = LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]).__enter__()
-    try:
-        job.start_driver()
-        job.add_worker("w0")
-    except BaseException:
-        job.__exit__(None, None, None)
-        raise
-    return job
-
-
-def _plain_process(tmp: Path, w: Workload, device: str, amp: bool,
-                   extra: dict[str, str]) -> subprocess.Popen:
-    env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
-               BENCH_AMP="1" if amp else "0", **extra)
-    with (tmp / "plain.log").open("wb") as out:
-        return subprocess.Popen([sys.executable, __file__, "--as", "plain"], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        self._ends.close()
 
 
 def throughput_part(tmp: Path, w: Workload, device: str, windows: int) -> dict[str, Any]:
