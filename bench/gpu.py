@@ -68,6 +68,7 @@ from bench.runtime import (  # noqa: E402
     _wait,
     _workload_vars,
 )
+from bench.threads import ThreadTimes  # noqa: E402
 
 RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
 TARGET_RATIO = 0.97
@@ -197,19 +198,34 @@ def _precision(device: str) -> str:
     return "16-mixed" if device == "cuda" else "bf16-mixed"
 
 
+def _fabric_env(tmp: Path, w: Workload, device: str, amp: bool,
+                extra: dict[str, str]) -> dict[str, str]:
+    return _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
+                EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
+                BENCH_PRECISION=_precision(device) if amp else "", **extra)
+
+
 @contextlib.contextmanager
 def _fabric_job(tmp: Path, w: Workload, device: str, amp: bool,
                 extra: dict[str, str]) -> Iterator[Any]:
     """A job of one worker under its driver, started; ended on leaving."""
     from runtime.launcher import LocalJob
 
-    env = _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
-               EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
-               BENCH_PRECISION=_precision(device) if amp else "", **extra)
+    env = _fabric_env(tmp, w, device, amp, extra)
     with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
         job.start_driver()
         job.add_worker("w0")
         yield job
+
+
+def _alone_process(tmp: Path, w: Workload, device: str, amp: bool,
+                   extra: dict[str, str]) -> subprocess.Popen:
+    """The same FabricModel script run as ``python main.py``: one process, no driver (it logs
+    the group's metrics itself), no link to one."""
+    with (tmp / "alone.log").open("wb") as out:
+        return subprocess.Popen([sys.executable, RUNTIME_BENCH, "--as", "fabric"],
+                                env=_fabric_env(tmp, w, device, amp, extra), stdout=out,
+                                stderr=subprocess.STDOUT)
 
 
 def _plain_process(tmp: Path, w: Workload, device: str, amp: bool,
@@ -236,9 +252,12 @@ def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
     return _throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup)
 
 
-# The throughput part's four sides: (FabricModel, AMP) of each.
-SIDES = {"fabric": (True, False), "plain": (False, False), "plain_amp": (False, True),
-         "fabric_amp": (True, True)}
+# The throughput part's sides: (what runs, AMP) of each. "fabric" is a job (a driver and one
+# worker), "alone" the same script as one process without a driver, "plain" the plain loop.
+SIDES = {"fabric": ("fabric", False), "plain": ("plain", False),
+         "plain_amp": ("plain", True), "fabric_amp": ("fabric", True),
+         "fabric_alone": ("alone", False)}
+DEFAULT_SIDES = ("fabric", "plain", "plain_amp", "fabric_amp")
 WINDOW_WAIT_S = 600.0  # a side's warm-up (its process's start) or one window, at most
 
 
@@ -260,21 +279,28 @@ class _Windows:
         self._ends.callback(os.close, self.fd)
         self.rows = self._ends.enter_context(_StepRows(tmp / "steps.jsonl"))
         self.windows_done = 0
-        fabric, amp = SIDES[name]
+        kind, amp = SIDES[name]
         steps = replace(w, steps=w.warmup + windows * w.steps)
         self.opcost = tmp / "opcost.json"
         extra = {GATE: str(gate), FIRST: str(w.warmup), EVERY: str(w.steps),
                  OPCOST: str(self.opcost)}
         self.job = self.proc = None
         try:
-            if fabric:
-                self.job = self._ends.enter_context(_fabric_job(tmp, steps, device, amp, extra))
-            else:
-                self.proc = _plain_process(tmp, steps, device, amp, extra)
-                self._ends.callback(_killed, self.proc)
+            self.threads = ThreadTimes(self._start(kind, steps, device, amp, extra))
         except Exception as exc:
             self._ends.close()
             raise RuntimeError(f"the {name} side did not start ({exc}); see {tmp}") from exc
+
+    def _start(self, kind: str, w: Workload, device: str, amp: bool,
+               extra: dict[str, str]) -> dict[str, int]:
+        """Starts the side's processes; returns them by role, for their threads' times."""
+        if kind == "fabric":
+            self.job = self._ends.enter_context(_fabric_job(self.tmp, w, device, amp, extra))
+            return {"worker": self.job.workers["w0"].pid, "driver": self.job.driver.pid}
+        start = _alone_process if kind == "alone" else _plain_process
+        self.proc = start(self.tmp, w, device, amp, extra)
+        self._ends.callback(_killed, self.proc)
+        return {kind: self.proc.pid}
 
     def _ended(self) -> bool:
         proc = self.proc if self.job is None else self.job.workers.get("w0")
@@ -310,9 +336,11 @@ class _Windows:
     def open(self) -> None:
         """One window: the side trains ``w.steps`` steps, then pauses again."""
         self.windows_done += 1
+        self.threads.start()
         os.write(self.fd, b"w")
         last = self.w.warmup + self.windows_done * self.w.steps
         self._until(lambda: len(self.rows()) >= last, f"window {self.windows_done}")
+        self.threads.stop(self.w.steps)
 
     def figures(self) -> list[tuple[float, float]]:
         """(samples/s, median iteration s) of each window: from its first step's end to its
@@ -331,23 +359,25 @@ class _Windows:
             if self.job.wait(WINDOW_WAIT_S) != 0:
                 raise RuntimeError(f"the {self.name} job failed; see {self.tmp}/log")
         elif self.proc.wait(WINDOW_WAIT_S) != 0:
-            raise RuntimeError(f"the {self.name} loop failed; see {self.tmp / 'plain.log'}")
+            raise RuntimeError(f"the {self.name} process failed; see {self.tmp}")
 
     def close(self) -> None:
         """Ends the side's processes, however far it got."""
         self._ends.close()
 
 
-def throughput_part(tmp: Path, w: Workload, device: str, windows: int) -> dict[str, Any]:
+def throughput_part(tmp: Path, w: Workload, device: str, windows: int,
+                    chosen: tuple[str, ...] = DEFAULT_SIDES) -> dict[str, Any]:
     """FabricModel against the plain loop, in float32 and with AMP, trained in turns.
 
     On a GPU the host sets the pace, and a machine's host speed drifts by 10-20% from one
-    minute to the next: runs one after the other compare moments, not programs. So the four
-    sides run at once, each paused but for its own windows of ``w.steps`` steps, opened in
-    turn (the order rotating, so no side always follows another). Each window's ratio
-    compares two sides a few seconds apart; the headline is the median of those ratios."""
-    names = [n for n, (fabric, amp) in SIDES.items()
-             if not (fabric and amp) or _fabric_has_precision()]
+    minute to the next: runs one after the other compare moments, not programs. So the
+    ``chosen`` sides run at once, each paused but for its own windows of ``w.steps`` steps,
+    opened in turn (the order rotating, so no side always follows another). Each window's
+    ratio compares two sides a few seconds apart; the headline is the median of those
+    ratios."""
+    names = [n for n in chosen
+             if not (SIDES[n] == ("fabric", True) and not _fabric_has_precision())]
     sides: dict[str, _Windows] = {}
     try:
         for n in names:
@@ -359,13 +389,14 @@ def throughput_part(tmp: Path, w: Workload, device: str, windows: int) -> dict[s
             for n in names[k % len(names):] + names[: k % len(names)]:
                 sides[n].open()
         figures = {n: side.figures() for n, side in sides.items()}
+        threads = {n: side.threads.per_step() for n, side in sides.items()}
         amp_loss = sides["plain_amp"].last_loss()
         for side in sides.values():
             side.finish()
     finally:
         for side in sides.values():
             side.close()
-    return {**window_summary(figures, amp_loss), "op_us": ops}
+    return {**window_summary(figures, amp_loss), "op_us": ops, "threads": threads}
 
 
 def window_summary(figures: dict[str, list[tuple[float, float]]],
@@ -379,10 +410,14 @@ def window_summary(figures: dict[str, list[tuple[float, float]]],
                                                        strict=False)]
 
     fabric_amp = median_of("fabric_amp", 0) if figures.get("fabric_amp") else None
-    return {"fabric": median_of("fabric", 0), "fabric_it": median_of("fabric", 1),
-            "plain": median_of("plain", 0), "plain_it": median_of("plain", 1),
-            "amp": median_of("plain_amp", 0), "amp_loss": amp_loss, "fabric_amp": fabric_amp,
-            "ratios": ratios("fabric", "plain"), "amp_ratios": ratios("fabric_amp", "plain_amp")}
+    out = {"fabric": median_of("fabric", 0), "fabric_it": median_of("fabric", 1),
+           "plain": median_of("plain", 0), "plain_it": median_of("plain", 1),
+           "amp": median_of("plain_amp", 0), "amp_loss": amp_loss, "fabric_amp": fabric_amp,
+           "ratios": ratios("fabric", "plain"), "amp_ratios": ratios("fabric_amp", "plain_amp")}
+    if figures.get("fabric_alone"):
+        out.update(alone=median_of("fabric_alone", 0),
+                   alone_ratios=ratios("fabric_alone", "plain"))
+    return out
 
 
 def overhead_part(tmp: Path, w: Workload, device: str, rounds: int) -> dict[str, Any]:
@@ -543,6 +578,12 @@ def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
         result[f"fabric_vs_plain_amp_windows_{name}"] = c["amp_ratios"]
         if "op_us" in c:
             result[f"op_us_{name}"] = c["op_us"]
+        if "threads" in c:
+            result[f"threads_{name}"] = c["threads"]
+        if c.get("alone_ratios"):
+            result[f"fabric_alone_vs_plain_{name}"] = round(statistics.median(c["alone_ratios"]),
+                                                            3)
+            result[f"fabric_alone_vs_plain_windows_{name}"] = c["alone_ratios"]
     for part in parts:  # memory, checkpoint, overhead: their keys as they are
         result.update(part)
     return result
@@ -570,7 +611,13 @@ def _table(result: dict, per_model: dict, windows: int) -> str:
         if windows > 1:
             lines.append(f"{'':<12}each window's ratio: float32 {_listed(c['ratios'])}; "
                          f"AMP {_listed(c['amp_ratios'])}")
+        if c.get("alone_ratios"):
+            lines.append(f"{'':<12}FabricModel as one process, no driver (float32): "
+                         f"{c['alone']:,.1f}/s, "
+                         f"{result[f'fabric_alone_vs_plain_{name}']:.3f} of the plain loop; "
+                         f"each window's {_listed(c['alone_ratios'])}")
         lines += _op_lines(c.get("op_us") or {})
+        lines += _thread_lines(c.get("threads") or {})
     if "gpu_memory_released" in result:
         lines.append(f"GPU memory: {result['gpu_memory_baseline_mb']} MiB before, "
                      f"{result['gpu_memory_training_mb']} training, "
@@ -600,6 +647,17 @@ def _op_lines(ops: dict[str, dict[str, float]]) -> list[str]:
     return [f"{'':<12}host us a call inside the {side} process: add_ {f['add_us']:.2f}, "
             f"forward+backward {f['fwd_bwd_us']:.2f}, with AMP {f['fwd_bwd_amp_us']:.2f}"
             for side, f in ops.items()]
+
+
+def _thread_lines(threads: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """Each side's host time a step, thread by thread (``bench/threads.py``)."""
+    def one(name: str, f: dict[str, float]) -> str:
+        waited = f", waited {f['waited_us']:,.0f} us" if f["waited_us"] else ""
+        return f"{name} {f['cpu_us']:,.0f} us ({f['preempted']:.2f} preempted{waited})"
+
+    return [f"{'':<12}host CPU a step in the {side} side: "
+            + "; ".join(one(name, f) for name, f in by_thread.items())
+            for side, by_thread in threads.items()]
 
 
 def _listed(ratios: list[float]) -> str:
@@ -637,6 +695,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
                         help=f"what to run, comma-separated (of {', '.join(PARTS)}; "
                              f"default {','.join(DEFAULT_PARTS)})")
+    parser.add_argument("--alone", action="store_true",
+                        help="the throughput part also trains FabricModel as one process "
+                             "without a driver (float32), beside the others: tells what the "
+                             "driver and the link to it cost from the worker's own work")
     parser.add_argument("--profile-dir", type=Path,
                         help="where the profile part leaves its tables and timelines "
                              "(default: a new folder under the system's temporary one)")
@@ -656,7 +718,7 @@ def _workloads(args: argparse.Namespace, device: str) -> dict[str, Workload]:
 
 def _run_parts(parts: list[str], loads: dict[str, Workload], overhead: Workload, device: str,
                repeats: tuple[int, int], profile_dir: Path | None,
-               failed: dict[str, str]) -> dict[str, Any]:
+               failed: dict[str, str], sides: tuple[str, ...] = DEFAULT_SIDES) -> dict[str, Any]:
     """Each part asked for, in order; what each measured (None for a part that failed)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     first = next(iter(loads.values()))
@@ -666,7 +728,7 @@ def _run_parts(parts: list[str], loads: dict[str, Workload], overhead: Workload,
     try:
         for n, w in loads.items() if "throughput" in parts else ():
             out["throughput"][n] = _part(f"throughput_{n}", failed, throughput_part, tmp, w,
-                                         device, windows)
+                                         device, windows, sides)
         if "profile" in parts:
             profile_dir = profile_dir or Path(tempfile.mkdtemp(prefix="bench-gpu-profile-"))
             profile_dir.mkdir(parents=True, exist_ok=True)
@@ -707,7 +769,8 @@ def main() -> None:
     gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
     failed: dict[str, str] = {}
     done = _run_parts(parts, _workloads(args, device), OVERHEAD[0 if args.quick else 1], device,
-                      (windows, rounds), args.profile_dir, failed)
+                      (windows, rounds), args.profile_dir, failed,
+                      DEFAULT_SIDES + (("fabric_alone",) if args.alone else ()))
     per_model = {n: c for n, c in done["throughput"].items() if c}
     result = _summary(device, gpus, per_model, done["memory"] or {}, done["checkpoint"] or {},
                       done["overhead"] or {})

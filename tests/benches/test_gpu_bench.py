@@ -24,8 +24,8 @@ MODELS = ("resnet", "transformer")
 @pytest.mark.timeout(660)  # the run itself is bounded at 600 s (3 minutes on loaded 2 cores)
 def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu",
-                           "--quick"], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TMPDIR": str(tmp_path)})
+                           "--quick", "--alone"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     result = json.loads(lines[-1])
@@ -44,12 +44,24 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
         assert len(windows) == 3 and result[f"fabric_vs_plain_{name}"] == sorted(windows)[1]
         # Each side timed small operations inside its own process, after its warm-up.
         ops = result[f"op_us_{name}"]
-        assert set(ops) == {"fabric", "plain", "plain_amp", "fabric_amp"}, ops
+        assert set(ops) == {"fabric", "plain", "plain_amp", "fabric_amp", "fabric_alone"}, ops
         for side, figures in ops.items():
             assert set(figures) == {"add_us", "fwd_bwd_us", "fwd_bwd_amp_us"}, side
             assert all(v > 0 for v in figures.values()), (side, figures)
         assert (f"host us a call inside the fabric process: add_ "
                 f"{ops['fabric']['add_us']:.2f}") in done.stdout
+        # Each side's host time a step, by thread; a job's driver is counted on its own.
+        threads = result[f"threads_{name}"]
+        assert set(threads) == {"fabric", "plain", "plain_amp", "fabric_amp", "fabric_alone"}
+        for side, by_thread in threads.items():
+            assert by_thread["main"]["cpu_us"] > 0, (side, by_thread)
+            assert ("driver" in by_thread) == (side in ("fabric", "fabric_amp")), side
+        assert (f"host CPU a step in the fabric side: driver "
+                f"{threads['fabric']['driver']['cpu_us']:,.0f} us") in done.stdout
+        # FabricModel as one process, without a driver, beside the others.
+        alone = result[f"fabric_alone_vs_plain_windows_{name}"]
+        assert len(alone) == 3 and all(r > 0 for r in alone), alone
+        assert result[f"fabric_alone_vs_plain_{name}"] == sorted(alone)[1]
     assert result["checkpoint_resume_equal"] is True
     assert result["checkpoint_output_max_abs_diff"] == 0.0
     # The overhead part: each side's microseconds a step, and what the runtime adds.
@@ -297,7 +309,7 @@ def test_a_gate_without_a_harness_never_pauses(monkeypatch):
 
 
 @pytest.mark.timeout(300)
-def test_a_side_that_cannot_start_or_train_is_named_with_where_to_look(tmp_path, monkeypatch):
+def test_a_side_that_cannot_start_or_train_is_named_with_where_to_look(tmp_path):
     from bench import gpu
     from bench.runtime import Workload
 
@@ -309,8 +321,7 @@ def test_a_side_that_cannot_start_or_train_is_named_with_where_to_look(tmp_path,
                                       / "stdout").read_text()
 
     # A side that started and then died is named too, instead of waited for.
-    monkeypatch.setattr(gpu, "SIDES", {"plain": (False, False)})
     with pytest.raises(RuntimeError, match=r"the plain side ended before its 2 warm-up steps; "
                                            r"see .*nope-plain"):
-        gpu.throughput_part(tmp_path / "b", nope, "cpu", windows=1)
+        gpu.throughput_part(tmp_path / "b", nope, "cpu", windows=1, chosen=("plain",))
     assert "unknown model 'nope'" in (tmp_path / "b" / "nope-plain" / "plain.log").read_text()
