@@ -15,12 +15,16 @@ The training script's side (this module) needs nothing but the standard library 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from bench import opcost
 
 # The environment the harness sets: the gate's path, the steps before the first pause (the
 # warm-up) and the steps of a window.
 GATE, FIRST, EVERY = "BENCH_GATE", "BENCH_GATE_FIRST", "BENCH_GATE_EVERY"
+# Called before each pause: bench/phases.py writes its figures then, so that what the harness
+# reads once a window is over is current, and writing costs no step any time.
+BEFORE_PAUSE: list[Callable[[], None]] = []
 
 
 class Gate:
@@ -46,6 +50,8 @@ class Gate:
             # The harness holds the pipe open for reading and writing, so this open does not
             # wait for a writer, and a read waits for the harness's byte.
             self.fd = os.open(self.path, os.O_RDONLY)
+        for before in BEFORE_PAUSE:
+            before()
         os.read(self.fd, 1)
 
 

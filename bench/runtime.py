@@ -79,10 +79,12 @@ WORKLOADS = {
 def _model_and_data(samples: int, name: str = "mlp", width: int | None = None):
     import torch
 
-    from bench import models
+    from bench import models, phases
 
     torch.set_num_threads(1)
-    return models.build(name, samples, width)
+    model, data = models.build(name, samples, width)
+    phases.install(model)  # bench/phases.py, when the harness asks: both sides alike
+    return model, data
 
 
 def _workload_env() -> tuple[str, int | None, int]:
