@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO))
 from bench import processes  # noqa: E402
 from bench.gate import EVERY, FIRST, GATE  # noqa: E402
 from bench.opcost import OPCOST  # noqa: E402
+from bench.phases import PHASES  # noqa: E402
 from bench.runtime import (  # noqa: E402
     Workload,
     _env,
@@ -258,8 +259,25 @@ def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
 # worker), "alone" the same script as one process without a driver, "plain" the plain loop.
 SIDES = {"fabric": ("fabric", False), "plain": ("plain", False),
          "plain_amp": ("plain", True), "fabric_amp": ("fabric", True),
-         "fabric_alone": ("alone", False)}
+         "fabric_alone": ("alone", False), "plain_malloc": ("plain", False)}
 DEFAULT_SIDES = ("fabric", "plain", "plain_amp", "fabric_amp")
+# The sides --sides may add, each compared with the plain loop in float32, and what it tells.
+EXTRA_SIDES = {
+    "fabric_alone": "FabricModel as one process, no driver (float32): what the driver and the "
+                    "link to it cost, apart from the worker's own work",
+    "plain_malloc": "the plain loop with the worker's malloc settings (runtime/allocator.py): "
+                    "what they do to a step, apart from the runtime's code",
+}
+
+
+def _side_env(name: str) -> dict[str, str]:
+    """A side's own environment, beside its workload's (imported here: the plain loop's
+    process, which runs this file, imports nothing of the runtime)."""
+    if name != "plain_malloc":
+        return {}
+    from runtime import allocator
+
+    return allocator.as_environment()
 WINDOW_WAIT_S = 600.0  # a side's warm-up (its process's start) or one window, at most
 
 
@@ -284,8 +302,9 @@ class _Windows:
         kind, amp = SIDES[name]
         steps = replace(w, steps=w.warmup + windows * w.steps)
         self.opcost = tmp / "opcost.json"
+        self.phases_file = tmp / "phases.json"
         extra = {GATE: str(gate), FIRST: str(w.warmup), EVERY: str(w.steps),
-                 OPCOST: str(self.opcost)}
+                 OPCOST: str(self.opcost), PHASES: str(self.phases_file), **_side_env(name)}
         self.job = self.proc = None
         try:
             self.threads = ThreadTimes(self._start(kind, steps, device, amp, extra))
@@ -354,6 +373,13 @@ class _Windows:
     def last_loss(self) -> float:
         return self.rows()[-1]["loss"]
 
+    def phases(self) -> dict[str, float] | None:
+        """The medians of the step's phases so far (``bench/phases.py``), if written yet."""
+        try:
+            return json.loads(self.phases_file.read_text())
+        except FileNotFoundError:
+            return None
+
     def finish(self) -> None:
         """Lets the side go past its last pause and end."""
         os.write(self.fd, b"e")
@@ -392,13 +418,15 @@ def throughput_part(tmp: Path, w: Workload, device: str, windows: int,
                 sides[n].open()
         figures = {n: side.figures() for n, side in sides.items()}
         threads = {n: side.threads.per_step() for n, side in sides.items()}
+        phases = {n: side.phases() for n, side in sides.items()}
         amp_loss = sides["plain_amp"].last_loss()
         for side in sides.values():
             side.finish()
     finally:
         for side in sides.values():
             side.close()
-    return {**window_summary(figures, amp_loss), "op_us": ops, "threads": threads}
+    return {**window_summary(figures, amp_loss), "op_us": ops, "threads": threads,
+            "phases": phases}
 
 
 def window_summary(figures: dict[str, list[tuple[float, float]]],
@@ -416,9 +444,8 @@ def window_summary(figures: dict[str, list[tuple[float, float]]],
            "plain": median_of("plain", 0), "plain_it": median_of("plain", 1),
            "amp": median_of("plain_amp", 0), "amp_loss": amp_loss, "fabric_amp": fabric_amp,
            "ratios": ratios("fabric", "plain"), "amp_ratios": ratios("fabric_amp", "plain_amp")}
-    if figures.get("fabric_alone"):
-        out.update(alone=median_of("fabric_alone", 0),
-                   alone_ratios=ratios("fabric_alone", "plain"))
+    out["extra"] = {name: {"samples_per_s": median_of(name, 0), "ratios": ratios(name, "plain")}
+                    for name in EXTRA_SIDES if figures.get(name)}
     return out
 
 
@@ -582,10 +609,11 @@ def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
             result[f"op_us_{name}"] = c["op_us"]
         if "threads" in c:
             result[f"threads_{name}"] = c["threads"]
-        if c.get("alone_ratios"):
-            result[f"fabric_alone_vs_plain_{name}"] = round(statistics.median(c["alone_ratios"]),
-                                                            3)
-            result[f"fabric_alone_vs_plain_windows_{name}"] = c["alone_ratios"]
+        if c.get("phases"):
+            result[f"phases_{name}"] = c["phases"]
+        for side, e in c.get("extra", {}).items():
+            result[f"{side}_vs_plain_{name}"] = round(statistics.median(e["ratios"]), 3)
+            result[f"{side}_vs_plain_windows_{name}"] = e["ratios"]
     for part in parts:  # memory, checkpoint, overhead: their keys as they are
         result.update(part)
     return result
@@ -613,13 +641,14 @@ def _table(result: dict, per_model: dict, windows: int) -> str:
         if windows > 1:
             lines.append(f"{'':<12}each window's ratio: float32 {_listed(c['ratios'])}; "
                          f"AMP {_listed(c['amp_ratios'])}")
-        if c.get("alone_ratios"):
-            lines.append(f"{'':<12}FabricModel as one process, no driver (float32): "
-                         f"{c['alone']:,.1f}/s, "
-                         f"{result[f'fabric_alone_vs_plain_{name}']:.3f} of the plain loop; "
-                         f"each window's {_listed(c['alone_ratios'])}")
+        for side, e in c.get("extra", {}).items():
+            lines.append(f"{'':<12}{EXTRA_SIDES[side].split(':')[0]}: "
+                         f"{e['samples_per_s']:,.1f}/s, "
+                         f"{result[f'{side}_vs_plain_{name}']:.3f} of the plain loop; "
+                         f"each window's {_listed(e['ratios'])}")
         lines += _op_lines(c.get("op_us") or {})
         lines += _thread_lines(c.get("threads") or {})
+        lines += _phase_lines(c.get("phases") or {})
     if "gpu_memory_released" in result:
         lines.append(f"GPU memory: {result['gpu_memory_baseline_mb']} MiB before, "
                      f"{result['gpu_memory_training_mb']} training, "
@@ -662,6 +691,17 @@ def _thread_lines(threads: dict[str, dict[str, dict[str, float]]]) -> list[str]:
             for side, by_thread in threads.items()]
 
 
+def _phase_lines(phases: dict[str, dict[str, float] | None]) -> list[str]:
+    """Each side's median step, cut where its model's hooks fire (``bench/phases.py``)."""
+    def us(f: dict[str, float], key: str) -> str:
+        return f"{f[key]:,.0f}" if key in f else "n/a"
+
+    return [f"{'':<12}host us a step in the {side} side: forward {us(f, 'forward_us')}, loss "
+            f"{us(f, 'loss_us')}, backward {us(f, 'backward_us')}, the rest {us(f, 'rest_us')} "
+            f"(step {us(f, 'step_us')})"
+            for side, f in phases.items() if f]
+
+
 def _listed(ratios: list[float]) -> str:
     return ", ".join(f"{r:.3f}" for r in ratios) or "n/a"
 
@@ -697,10 +737,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
                         help=f"what to run, comma-separated (of {', '.join(PARTS)}; "
                              f"default {','.join(DEFAULT_PARTS)})")
-    parser.add_argument("--alone", action="store_true",
-                        help="the throughput part also trains FabricModel as one process "
-                             "without a driver (float32), beside the others: tells what the "
-                             "driver and the link to it cost from the worker's own work")
+    parser.add_argument("--sides", default="",
+                        help="sides the throughput part trains beside its four, comma-"
+                             "separated: " + "; ".join(f"{k}, {v}" for k, v in EXTRA_SIDES.items()))
+    parser.add_argument("--alone", action="store_true", help="the same as --sides fabric_alone")
     parser.add_argument("--profile-dir", type=Path,
                         help="where the profile part leaves its tables and timelines "
                              "(default: a new folder under the system's temporary one)")
@@ -768,11 +808,14 @@ def main() -> None:
     parts = [p for p in args.parts.split(",") if p]
     if unknown := sorted(set(parts) - set(PARTS)):
         parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
+    extra = [s for s in args.sides.split(",") if s] + (["fabric_alone"] if args.alone else [])
+    if unknown := sorted(set(extra) - set(EXTRA_SIDES)):
+        parser.error(f"unknown side(s) {', '.join(unknown)}: choose from {', '.join(EXTRA_SIDES)}")
     gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
     failed: dict[str, str] = {}
     done = _run_parts(parts, _workloads(args, device), OVERHEAD[0 if args.quick else 1], device,
                       (windows, rounds), args.profile_dir, failed,
-                      DEFAULT_SIDES + (("fabric_alone",) if args.alone else ()))
+                      DEFAULT_SIDES + tuple(dict.fromkeys(extra)))
     per_model = {n: c for n, c in done["throughput"].items() if c}
     result = _summary(device, gpus, per_model, done["memory"] or {}, done["checkpoint"] or {},
                       done["overhead"] or {})

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench import phases
 from tests.benches.support import REPO
 
 MODELS = ("resnet", "transformer")
@@ -62,6 +63,14 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
         alone = result[f"fabric_alone_vs_plain_windows_{name}"]
         assert len(alone) == 3 and all(r > 0 for r in alone), alone
         assert result[f"fabric_alone_vs_plain_{name}"] == sorted(alone)[1]
+        # Each side's step, cut where its model's hooks fire (bench/phases.py).
+        cut = result[f"phases_{name}"]
+        assert set(cut) == {"fabric", "plain", "plain_amp", "fabric_amp", "fabric_alone"}, cut
+        for side, f in cut.items():
+            assert f["steps"] > 0 and all(f[k] > 0 for k in phases.NAMES), (side, f)
+        assert (f"host us a step in the fabric side: forward "
+                f"{cut['fabric']['forward_us']:,.0f}, loss {cut['fabric']['loss_us']:,.0f}"
+                ) in done.stdout
     assert result["checkpoint_resume_equal"] is True
     assert result["checkpoint_output_max_abs_diff"] == 0.0
     # The overhead part: each side's microseconds a step, and what the runtime adds.
@@ -78,6 +87,30 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
         assert result["gpu"] == "no GPU"
     # Nothing of the run is left in its temporary folder.
     assert not list(tmp_path.glob("bench-gpu-*"))
+
+
+@pytest.mark.timeout(120)
+def test_an_unknown_side_is_named_before_anything_runs():
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu",
+                           "--sides", "fabric_alone,nope"], cwd=REPO, capture_output=True,
+                          text=True, timeout=100)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "unknown side(s) nope: choose from fabric_alone, plain_malloc" in done.stderr
+
+
+def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
+    from bench import gpu
+    from runtime import allocator
+
+    figures = {"fabric": [(110.0, 0.1), (90.0, 0.1)], "plain": [(100.0, 0.1), (100.0, 0.1)],
+               "plain_amp": [(100.0, 0.1)] * 2, "fabric_amp": [(100.0, 0.1)] * 2,
+               "plain_malloc": [(95.0, 0.1), (105.0, 0.1)]}
+    out = gpu.window_summary(figures, amp_loss=0.5)
+    assert out["extra"] == {"plain_malloc": {"samples_per_s": 100.0, "ratios": [0.95, 1.05]}}
+    # That side is the plain loop with the worker's malloc settings, and nothing else.
+    assert gpu.SIDES["plain_malloc"] == gpu.SIDES["plain"]
+    assert gpu._side_env("plain_malloc") == allocator.as_environment()
+    assert gpu._side_env("plain") == {} and gpu._side_env("fabric_alone") == {}
 
 
 @pytest.mark.timeout(300)
