@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import processes  # noqa: E402
+from bench.threads import cpu_seconds, stat_fields  # noqa: E402
 
 BATCH = 64  # per worker, the MLP's (the other models' are in WORKLOADS)
 MIN_STEPS = 20  # of a throughput round given with --steps: several past the warm-up
@@ -242,15 +243,8 @@ class _CpuWindow(threading.Thread):
 
     @staticmethod
     def _cpu(pids: list[int]) -> float:
-        total = 0
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-            except (OSError, IndexError, ValueError):
-                pass
-        return total / os.sysconf("SC_CLK_TCK")
+        stats = (stat_fields(f"/proc/{pid}/stat") for pid in pids)
+        return sum(cpu_seconds(fields) for fields in stats if fields)
 
     def _at(self, lines: _LineCount, n: int) -> tuple[int, float] | None:
         deadline = time.monotonic() + 600
@@ -411,12 +405,9 @@ def _descendants(pid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
+        fields = stat_fields(f"/proc/{entry}/stat")
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
     out, todo = [], [pid]
     while todo:
         p = todo.pop()

@@ -29,6 +29,23 @@ _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 FIGURES = ("cpu_us", "preempted", "waited_us")
 
 
+def stat_fields(path: str | Path) -> list[str] | None:
+    """The fields of a ``/proc`` ``stat`` file (a process's or a thread's) after its command
+    name, which may hold spaces and brackets: the state is ``[0]``, the parent ``[1]``, user
+    and system CPU ticks ``[11]`` and ``[12]``, the start time ``[18]``. None once it has
+    ended."""
+    try:
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def cpu_seconds(fields: list[str]) -> float:
+    """User and system CPU time of ``stat_fields``, in seconds (the clock's ticks)."""
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
 def _status_field(text: str, name: str) -> int:
     for line in text.splitlines():
         if line.startswith(name + ":"):
@@ -41,13 +58,15 @@ def _thread(folder: Path) -> tuple[str, tuple[float, float, float]] | None:
     once it has ended."""
     try:
         name = (folder / "comm").read_text().strip()
-        stat = (folder / "stat").read_text().rsplit(")", 1)[1].split()
+        stat = stat_fields(folder / "stat")
         status = (folder / "status").read_text()
         sched = (folder / "schedstat").read_text().split() if (
             folder / "schedstat").exists() else []
     except OSError:
         return None
-    ticks_us = (int(stat[11]) + int(stat[12])) * _TICK_S * 1e6
+    if stat is None:
+        return None
+    ticks_us = cpu_seconds(stat) * 1e6
     # schedstat's nanoseconds on a core and waiting for one are finer than the clock ticks,
     # where the kernel keeps them (it reads zeros where it does not).
     run_ns, wait_ns = (int(sched[0]), int(sched[1])) if len(sched) >= 2 else (0, 0)

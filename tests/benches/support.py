@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.processes import run_processes
+from bench.threads import stat_fields
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "BENCH_TEST_TAG"
@@ -22,11 +23,7 @@ TAG = "BENCH_TEST_TAG"
 
 def _stat(pid: int) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name (state first), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
+    return stat_fields(f"/proc/{pid}/stat")
 
 
 def cmdline(pid: int) -> str:
