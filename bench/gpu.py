@@ -259,7 +259,8 @@ def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
 # worker), "alone" the same script as one process without a driver, "plain" the plain loop.
 SIDES = {"fabric": ("fabric", False), "plain": ("plain", False),
          "plain_amp": ("plain", True), "fabric_amp": ("fabric", True),
-         "fabric_alone": ("alone", False), "plain_malloc": ("plain", False)}
+         "fabric_alone": ("alone", False), "plain_malloc": ("plain", False),
+         "fabric_nomalloc": ("alone", False)}
 DEFAULT_SIDES = ("fabric", "plain", "plain_amp", "fabric_amp")
 # The sides --sides may add, each compared with the plain loop in float32, and what it tells.
 EXTRA_SIDES = {
@@ -267,12 +268,19 @@ EXTRA_SIDES = {
                     "link to it cost, apart from the worker's own work",
     "plain_malloc": "the plain loop with the worker's malloc settings (runtime/allocator.py): "
                     "what they do to a step, apart from the runtime's code",
+    "fabric_nomalloc": "FabricModel as one process with glibc's own malloc settings: what the "
+                       "worker's settings do to it, the other way round",
 }
+# A variable by which a job says it chose its own allocator, so that the worker leaves glibc's
+# settings as they are (runtime/allocator.py); glibc itself reads no such variable.
+_OWN_ALLOCATOR = {"MALLOC_CONF": "bench:glibc-defaults"}
 
 
 def _side_env(name: str) -> dict[str, str]:
     """A side's own environment, beside its workload's (imported here: the plain loop's
     process, which runs this file, imports nothing of the runtime)."""
+    if name == "fabric_nomalloc":
+        return dict(_OWN_ALLOCATOR)
     if name != "plain_malloc":
         return {}
     from runtime import allocator

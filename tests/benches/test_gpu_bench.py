@@ -95,7 +95,8 @@ def test_an_unknown_side_is_named_before_anything_runs():
                            "--sides", "fabric_alone,nope"], cwd=REPO, capture_output=True,
                           text=True, timeout=100)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "unknown side(s) nope: choose from fabric_alone, plain_malloc" in done.stderr
+    assert ("unknown side(s) nope: choose from fabric_alone, plain_malloc, fabric_nomalloc"
+            in done.stderr)
 
 
 def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
@@ -111,6 +112,12 @@ def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
     assert gpu.SIDES["plain_malloc"] == gpu.SIDES["plain"]
     assert gpu._side_env("plain_malloc") == allocator.as_environment()
     assert gpu._side_env("plain") == {} and gpu._side_env("fabric_alone") == {}
+    # And FabricModel alone, the worker told that the job chose its allocator: it then
+    # leaves glibc's settings as they are.
+    assert gpu.SIDES["fabric_nomalloc"] == gpu.SIDES["fabric_alone"]
+    env = gpu._side_env("fabric_nomalloc")
+    assert allocator.user_chose(env) is not None
+    assert not set(env) & set(allocator.as_environment())
 
 
 @pytest.mark.timeout(300)
