@@ -286,6 +286,8 @@ def _side_env(name: str) -> dict[str, str]:
     from runtime import allocator
 
     return allocator.as_environment()
+
+
 WINDOW_WAIT_S = 600.0  # a side's warm-up (its process's start) or one window, at most
 
 

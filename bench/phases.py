@@ -4,14 +4,16 @@ On a GPU, ``bench/gpu.py``'s throughput part finds FabricModel's transformer ste
 than the plain loop's, while a sampling profiler saw FabricModel's training thread spend
 longer in the forward pass and less time waiting for backward than the plain loop's, for the
 same kernels. A sampling profiler stops the process to read it, so this times the same thing
-without stopping anything: when ``BENCH_PHASES`` names a file, both sides' model gets three
+without stopping anything: when ``BENCH_PHASES`` names a file, both sides' model gets four
 hooks, and each step is cut into
 
 - ``forward_us``: from the model's call to its return (the host launching the forward pass);
 - ``loss_us``: from the forward's return to backward reaching the model's output (the loss,
   the framework's code between, backward's start and the loss's own backward);
-- ``backward_us``: from there to the first parameter's gradient being stored, which backward
-  computes last (the model's backward; on a GPU, on autograd's own thread);
+- ``backward_us``: from there to the gradient of the model's first parameter being stored
+  (the first of ``model.parameters()``: in ``bench/models.py``'s models one backward stores
+  near its end, though not always last: the transformer's position table comes just before
+  its embedding's backward); the model's backward, on a GPU on autograd's own thread;
 - ``rest_us``: from there to the next forward's start (the update, the next batch, reading the
   loss, the framework's own bookkeeping);
 - ``step_us``: one forward's start to the next.
