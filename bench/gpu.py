@@ -260,7 +260,7 @@ def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
 SIDES = {"fabric": ("fabric", False), "plain": ("plain", False),
          "plain_amp": ("plain", True), "fabric_amp": ("fabric", True),
          "fabric_alone": ("alone", False), "plain_malloc": ("plain", False),
-         "fabric_nomalloc": ("alone", False)}
+         "fabric_nomalloc": ("alone", False), "plain_control": ("plain", False)}
 DEFAULT_SIDES = ("fabric", "plain", "plain_amp", "fabric_amp")
 # The sides --sides may add, each compared with the plain loop in float32, and what it tells.
 EXTRA_SIDES = {
@@ -270,6 +270,8 @@ EXTRA_SIDES = {
                     "what they do to a step, apart from the runtime's code",
     "fabric_nomalloc": "FabricModel as one process with glibc's own malloc settings: what the "
                        "worker's settings do to it, the other way round",
+    "plain_control": "a second plain loop, the same program: how far two processes of one "
+                     "program differ in this run, the floor under any other ratio here",
 }
 # A variable by which a job says it chose its own allocator, so that the worker leaves glibc's
 # settings as they are (runtime/allocator.py); glibc itself reads no such variable.
@@ -404,8 +406,13 @@ class _Windows:
         self._ends.close()
 
 
+def _label(name: str, i: int) -> str:
+    """A side's ``i``-th process, as its diagnostics are keyed: the first by the side's name."""
+    return name if i == 0 else f"{name}#{i + 1}"
+
+
 def throughput_part(tmp: Path, w: Workload, device: str, windows: int,
-                    chosen: tuple[str, ...] = DEFAULT_SIDES) -> dict[str, Any]:
+                    chosen: tuple[str, ...] = DEFAULT_SIDES, per_side: int = 1) -> dict[str, Any]:
     """FabricModel against the plain loop, in float32 and with AMP, trained in turns.
 
     On a GPU the host sets the pace, and a machine's host speed drifts by 10-20% from one
@@ -413,41 +420,61 @@ def throughput_part(tmp: Path, w: Workload, device: str, windows: int,
     ``chosen`` sides run at once, each paused but for its own windows of ``w.steps`` steps,
     opened in turn (the order rotating, so no side always follows another). Each window's
     ratio compares two sides a few seconds apart; the headline is the median of those
-    ratios."""
+    ratios.
+
+    One process of a program can also be 10% faster or slower than another of the same
+    program, for as long as it lives (where its memory and threads happened to land). With
+    ``per_side`` above one, each side runs that many, all in the same rotation; the
+    ``i``-th process of a side is paired with the plain loop's ``i``-th, so the median ratio
+    is over processes as well as moments."""
     names = [n for n in chosen
              if not (SIDES[n] == ("fabric", True) and not _fabric_has_precision())]
-    sides: dict[str, _Windows] = {}
+    procs: dict[str, list[_Windows]] = {}
+    everyone: dict[str, _Windows] = {}  # by label, in the rotation's order
     try:
-        for n in names:
-            sides[n] = _Windows(n, tmp / f"{w.model}-{n}", w, device, windows)
-        for side in sides.values():
+        for i in range(per_side):
+            for n in names:
+                label = _label(n, i)
+                everyone[label] = _Windows(n, tmp / f"{w.model}-{label.replace('#', '-')}",
+                                           w, device, windows)
+                procs.setdefault(n, []).append(everyone[label])
+        for side in everyone.values():
             side.ready()
-        ops = {n: side.measure_ops() for n, side in sides.items()}
+        ops = {label: side.measure_ops() for label, side in everyone.items()}
+        order = list(everyone.values())
         for k in range(windows):
-            for n in names[k % len(names):] + names[: k % len(names)]:
-                sides[n].open()
-        figures = {n: side.figures() for n, side in sides.items()}
-        threads = {n: side.threads.per_step() for n, side in sides.items()}
-        phases = {n: side.phases() for n, side in sides.items()}
-        amp_loss = sides["plain_amp"].last_loss()
-        for side in sides.values():
+            for side in order[k % len(order):] + order[: k % len(order)]:
+                side.open()
+        figures = {n: [side.figures() for side in procs[n]] for n in names}
+        threads = {label: side.threads.per_step() for label, side in everyone.items()}
+        phases = {label: side.phases() for label, side in everyone.items()}
+        amp_loss = procs["plain_amp"][0].last_loss()
+        for side in everyone.values():
             side.finish()
     finally:
-        for side in sides.values():
+        for side in everyone.values():
             side.close()
     return {**window_summary(figures, amp_loss), "op_us": ops, "threads": threads,
             "phases": phases}
 
 
-def window_summary(figures: dict[str, list[tuple[float, float]]],
-                   amp_loss: float) -> dict[str, Any]:
-    """Each side's median window (samples/s, iteration) and each window's paired ratios."""
+Figures = dict[str, list[list[tuple[float, float]]]]
+
+
+def window_summary(figures: Figures, amp_loss: float) -> dict[str, Any]:
+    """Each side's median window (samples/s, iteration) over all its processes, each window's
+    ratio to its pair (the same process number and window of the other side), and, with more
+    than one process a side, each process's median samples/s."""
+    def windows(name: str) -> list[tuple[float, float]]:
+        return [f for process in figures[name] for f in process]
+
     def median_of(name: str, i: int) -> float:
-        return statistics.median(f[i] for f in figures[name])
+        return statistics.median(f[i] for f in windows(name))
 
     def ratios(a: str, b: str) -> list[float]:
-        return [round(x[0] / y[0], 3) for x, y in zip(figures.get(a, []), figures[b],
-                                                       strict=False)]
+        return [round(x[0] / y[0], 3)
+                for pa, pb in zip(figures.get(a, []), figures[b], strict=False)
+                for x, y in zip(pa, pb, strict=False)]
 
     fabric_amp = median_of("fabric_amp", 0) if figures.get("fabric_amp") else None
     out = {"fabric": median_of("fabric", 0), "fabric_it": median_of("fabric", 1),
@@ -456,6 +483,10 @@ def window_summary(figures: dict[str, list[tuple[float, float]]],
            "ratios": ratios("fabric", "plain"), "amp_ratios": ratios("fabric_amp", "plain_amp")}
     out["extra"] = {name: {"samples_per_s": median_of(name, 0), "ratios": ratios(name, "plain")}
                     for name in EXTRA_SIDES if figures.get(name)}
+    if max(len(p) for p in figures.values()) > 1:
+        out["processes"] = {name: [round(statistics.median(f[0] for f in process), 1)
+                                   for process in procs]
+                            for name, procs in figures.items()}
     return out
 
 
@@ -621,6 +652,8 @@ def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
             result[f"threads_{name}"] = c["threads"]
         if c.get("phases"):
             result[f"phases_{name}"] = c["phases"]
+        if "processes" in c:
+            result[f"processes_{name}"] = c["processes"]
         for side, e in c.get("extra", {}).items():
             result[f"{side}_vs_plain_{name}"] = round(statistics.median(e["ratios"]), 3)
             result[f"{side}_vs_plain_windows_{name}"] = e["ratios"]
@@ -629,9 +662,11 @@ def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
     return result
 
 
-def _table(result: dict, per_model: dict, windows: int) -> str:
+def _table(result: dict, per_model: dict, windows: int, per_side: int = 1) -> str:
+    each = f"{windows} windows in each of {per_side} processes" if per_side > 1 else (
+        f"{windows} windows")
     lines = [f"GPU benchmark on {result['device']} ({result['gpu']}; throughput: median of "
-             f"{windows} windows a side, trained in turns)"]
+             f"{each} a side, trained in turns)"]
     for gpu in result["gpus"]:
         lines.append(f"  GPU {gpu['index']} {gpu['uuid']} {gpu['model']} "
                      f"{gpu['memory_used_mb']}/{gpu['memory_mb']} MiB used, "
@@ -648,9 +683,10 @@ def _table(result: dict, per_model: dict, windows: int) -> str:
                             if ratio else "    n/a (no FabricModel precision=)"))
         lines.append(f"{'':<12}AMP / float32 (plain loop): {result[f'amp_vs_fp32_{name}']:.3f}, "
                      f"loss finite: {result[f'amp_loss_finite_{name}']}")
-        if windows > 1:
+        if windows * per_side > 1:
             lines.append(f"{'':<12}each window's ratio: float32 {_listed(c['ratios'])}; "
                          f"AMP {_listed(c['amp_ratios'])}")
+        lines += _process_lines(c.get("processes") or {})
         for side, e in c.get("extra", {}).items():
             lines.append(f"{'':<12}{EXTRA_SIDES[side].split(':')[0]}: "
                          f"{e['samples_per_s']:,.1f}/s, "
@@ -683,6 +719,14 @@ def _table(result: dict, per_model: dict, windows: int) -> str:
     return "\n".join(lines)
 
 
+def _process_lines(processes: dict[str, list[float]]) -> list[str]:
+    """Each side's processes' median samples/s, and how far its fastest is from its slowest."""
+    return [f"{'':<12}the {side} side's processes: "
+            + ", ".join(f"{v:,.1f}" for v in each) + f"/s (fastest / slowest "
+            f"{max(each) / min(each):.3f})"
+            for side, each in processes.items()]
+
+
 def _op_lines(ops: dict[str, dict[str, float]]) -> list[str]:
     """The host's microseconds a small operation inside each side's process."""
     return [f"{'':<12}host us a call inside the {side} process: add_ {f['add_us']:.2f}, "
@@ -694,7 +738,8 @@ def _thread_lines(threads: dict[str, dict[str, dict[str, float]]]) -> list[str]:
     """Each side's host time a step, thread by thread (``bench/threads.py``)."""
     def one(name: str, f: dict[str, float]) -> str:
         waited = f", waited {f['waited_us']:,.0f} us" if f["waited_us"] else ""
-        return f"{name} {f['cpu_us']:,.0f} us ({f['preempted']:.2f} preempted{waited})"
+        return (f"{name} {f['cpu_us']:,.0f} us ({f['preempted']:.2f} preempted, "
+                f"{f['sleeps']:.2f} sleeps{waited})")
 
     return [f"{'':<12}host CPU a step in the {side} side: "
             + "; ".join(one(name, f) for name, f in by_thread.items())
@@ -731,15 +776,30 @@ def _profile_lines(result: dict) -> list[str]:
     return lines
 
 
+def _at_least_one(text: str) -> int:
+    """A count of the command line (windows, rounds, processes): a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer of them")
     parser.add_argument("--models", default="resnet,transformer")
-    parser.add_argument("--windows", type=int, help="throughput windows each side trains, in "
-                        "turns (default 3 quick, 12)")
-    parser.add_argument("--rounds", type=int, help="alternating runs of the overhead part "
-                        "(default 1 quick, 3)")
+    parser.add_argument("--windows", type=_at_least_one,
+                        help="throughput windows each process of a side trains, in turns "
+                             "(default 3 quick, else 12 over a side's processes)")
+    parser.add_argument("--processes", type=_at_least_one,
+                        help="processes of each side in the throughput part, paired by number "
+                             "(default 3 on CUDA, 1 on a CPU or --quick)")
+    parser.add_argument("--rounds", type=_at_least_one,
+                        help="alternating runs of the overhead part (default 1 quick, 3)")
     parser.add_argument("--steps", type=int, help="steps of each throughput window instead "
                         "of the workload's own")
     parser.add_argument("--batch", type=int, help="micro-batch of every throughput run "
@@ -769,18 +829,19 @@ def _workloads(args: argparse.Namespace, device: str) -> dict[str, Workload]:
 
 
 def _run_parts(parts: list[str], loads: dict[str, Workload], overhead: Workload, device: str,
-               repeats: tuple[int, int], profile_dir: Path | None,
+               repeats: tuple[int, int, int], profile_dir: Path | None,
                failed: dict[str, str], sides: tuple[str, ...] = DEFAULT_SIDES) -> dict[str, Any]:
-    """Each part asked for, in order; what each measured (None for a part that failed)."""
+    """Each part asked for, in order; what each measured (None for a part that failed).
+    ``repeats``: throughput windows, overhead rounds, throughput processes a side."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     first = next(iter(loads.values()))
-    windows, rounds = repeats
+    windows, rounds, per_side = repeats
     out: dict[str, Any] = {"throughput": {}, "profile": {}, "memory": {}, "checkpoint": {},
                            "overhead": {}}
     try:
         for n, w in loads.items() if "throughput" in parts else ():
             out["throughput"][n] = _part(f"throughput_{n}", failed, throughput_part, tmp, w,
-                                         device, windows, sides)
+                                         device, windows, sides, per_side)
         if "profile" in parts:
             profile_dir = profile_dir or Path(tempfile.mkdtemp(prefix="bench-gpu-profile-"))
             profile_dir.mkdir(parents=True, exist_ok=True)
@@ -812,9 +873,8 @@ def main() -> None:
     device = args.device if args.device != "auto" else (
         "cuda" if torch.cuda.is_available() else "cpu")
     rounds = args.rounds or (1 if args.quick else 3)
-    windows = args.windows or (3 if args.quick else 12)
-    if min(rounds, windows) < 1:
-        parser.error("--rounds and --windows must be at least 1")
+    per_side = args.processes or (3 if device == "cuda" and not args.quick else 1)
+    windows = args.windows or (3 if args.quick else max(3, 12 // per_side))
     parts = [p for p in args.parts.split(",") if p]
     if unknown := sorted(set(parts) - set(PARTS)):
         parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
@@ -824,14 +884,14 @@ def main() -> None:
     gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
     failed: dict[str, str] = {}
     done = _run_parts(parts, _workloads(args, device), OVERHEAD[0 if args.quick else 1], device,
-                      (windows, rounds), args.profile_dir, failed,
+                      (windows, rounds, per_side), args.profile_dir, failed,
                       DEFAULT_SIDES + tuple(dict.fromkeys(extra)))
     per_model = {n: c for n, c in done["throughput"].items() if c}
     result = _summary(device, gpus, per_model, done["memory"] or {}, done["checkpoint"] or {},
                       done["overhead"] or {})
     result.update({f"profile_{n}": c for n, c in done["profile"].items() if c})
     result["failed_parts"] = failed
-    print(_table(result, per_model, windows))
+    print(_table(result, per_model, windows, per_side))
     print(json.dumps(result))
     if failed:
         sys.exit(1)

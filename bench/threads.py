@@ -13,9 +13,11 @@ time somewhere. Reading each thread's CPU time from ``/proc`` around every windo
 
 For each, per step: the CPU microseconds it used, how often it was taken off its core while
 it still wanted to run (involuntary context switches, the mark of a thread slowed by another
-on its core), and, where the kernel keeps scheduler statistics, the microseconds it waited
-for a core. A component figure, for finding where time goes; the throughput ratios stay the
-headline.
+on its core), how often it gave its core up to wait (voluntary ones: for work, for a lock,
+for the interpreter's lock; a thread that takes longer for the same CPU time and sleeps more
+often is waiting for something), and, where the kernel keeps scheduler statistics, the
+microseconds it waited for a core. A component figure, for finding where time goes; the
+throughput ratios stay the headline.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from collections import defaultdict
 from pathlib import Path
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-# cpu_us, preempted, waited_us: what one reading holds of each thread
-FIGURES = ("cpu_us", "preempted", "waited_us")
+# What one reading holds of each thread.
+FIGURES = ("cpu_us", "preempted", "sleeps", "waited_us")
 
 
 def stat_fields(path: str | Path) -> list[str] | None:
@@ -54,8 +56,8 @@ def _status_field(text: str, name: str) -> int:
 
 
 def _thread(folder: Path) -> tuple[str, tuple[float, float, float]] | None:
-    """(name, (CPU us, involuntary switches, us waited for a core)) of one thread, now; None
-    once it has ended."""
+    """(name, (CPU us, involuntary switches, voluntary ones, us waited for a core)) of one
+    thread, now; None once it has ended."""
     try:
         name = (folder / "comm").read_text().strip()
         stat = stat_fields(folder / "stat")
@@ -72,7 +74,7 @@ def _thread(folder: Path) -> tuple[str, tuple[float, float, float]] | None:
     run_ns, wait_ns = (int(sched[0]), int(sched[1])) if len(sched) >= 2 else (0, 0)
     cpu_us = run_ns / 1e3 if run_ns else ticks_us
     return name, (cpu_us, float(_status_field(status, "nonvoluntary_ctxt_switches")),
-                  wait_ns / 1e3)
+                  float(_status_field(status, "voluntary_ctxt_switches")), wait_ns / 1e3)
 
 
 def read(processes: dict[str, int]) -> dict[tuple[str, int], tuple[float, ...]]:
@@ -120,7 +122,8 @@ class ThreadTimes:
         self.steps += steps
 
     def per_step(self) -> dict[str, dict[str, float]]:
-        """``{thread: {"cpu_us": ..., "preempted": ..., "waited_us": ...}}`` a step."""
+        """``{thread: {"cpu_us": ..., "preempted": ..., "sleeps": ..., "waited_us": ...}}``
+        a step."""
         n = max(1, self.steps)
         return {key: {f: round(v / n, 2) for f, v in zip(FIGURES, sums, strict=True)}
                 for key, sums in sorted(self._sums.items())}

@@ -95,19 +95,20 @@ def test_an_unknown_side_is_named_before_anything_runs():
                            "--sides", "fabric_alone,nope"], cwd=REPO, capture_output=True,
                           text=True, timeout=100)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert ("unknown side(s) nope: choose from fabric_alone, plain_malloc, fabric_nomalloc"
-            in done.stderr)
+    assert ("unknown side(s) nope: choose from fabric_alone, plain_malloc, fabric_nomalloc, "
+            "plain_control" in done.stderr)
 
 
 def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
     from bench import gpu
     from runtime import allocator
 
-    figures = {"fabric": [(110.0, 0.1), (90.0, 0.1)], "plain": [(100.0, 0.1), (100.0, 0.1)],
-               "plain_amp": [(100.0, 0.1)] * 2, "fabric_amp": [(100.0, 0.1)] * 2,
-               "plain_malloc": [(95.0, 0.1), (105.0, 0.1)]}
+    figures = {"fabric": [[(110.0, 0.1), (90.0, 0.1)]], "plain": [[(100.0, 0.1), (100.0, 0.1)]],
+               "plain_amp": [[(100.0, 0.1)] * 2], "fabric_amp": [[(100.0, 0.1)] * 2],
+               "plain_malloc": [[(95.0, 0.1), (105.0, 0.1)]]}
     out = gpu.window_summary(figures, amp_loss=0.5)
     assert out["extra"] == {"plain_malloc": {"samples_per_s": 100.0, "ratios": [0.95, 1.05]}}
+    assert "processes" not in out  # one process a side: nothing to compare them by
     # That side is the plain loop with the worker's malloc settings, and nothing else.
     assert gpu.SIDES["plain_malloc"] == gpu.SIDES["plain"]
     assert gpu._side_env("plain_malloc") == allocator.as_environment()
@@ -241,10 +242,10 @@ def test_throughput_pairs_each_window_with_its_neighbour_and_takes_the_median_ra
     from bench import gpu
 
     # (samples/s, median iteration s) of each side's windows, in order.
-    figures = {"fabric": [(1000.0, 0.010), (1300.0, 0.008), (700.0, 0.02)],
-               "plain": [(1100.0, 0.009), (1000.0, 0.010), (1000.0, 0.01)],
-               "plain_amp": [(1000.0, 0.010), (1000.0, 0.010), (500.0, 0.02)],
-               "fabric_amp": [(900.0, 0.011), (1200.0, 0.008), (1000.0, 0.01)]}
+    figures = {"fabric": [[(1000.0, 0.010), (1300.0, 0.008), (700.0, 0.02)]],
+               "plain": [[(1100.0, 0.009), (1000.0, 0.010), (1000.0, 0.01)]],
+               "plain_amp": [[(1000.0, 0.010), (1000.0, 0.010), (500.0, 0.02)]],
+               "fabric_amp": [[(900.0, 0.011), (1200.0, 0.008), (1000.0, 0.01)]]}
 
     c = gpu.window_summary(figures, amp_loss=0.5)
 
@@ -266,11 +267,78 @@ def test_throughput_pairs_each_window_with_its_neighbour_and_takes_the_median_ra
     assert "resnet      float32          1,000.0   1,000.0  0.909   NO" in table
 
 
+def test_each_process_is_paired_with_the_plain_loops_process_of_its_number():
+    """One process of a program can be 10% faster than another of the same program for its
+    whole life: with several a side, FabricModel's i-th process is paired with the plain
+    loop's i-th, window by window, and the median is over all those pairs; each side's
+    processes are listed, with how far the fastest is from the slowest."""
+    from bench import gpu
+
+    # Two processes a side, two windows each; the plain loop's second process is 20% slower.
+    figures = {"fabric": [[(1000.0, 0.01), (1000.0, 0.01)], [(900.0, 0.01), (960.0, 0.01)]],
+               "plain": [[(1000.0, 0.01), (1010.0, 0.01)], [(800.0, 0.01), (800.0, 0.01)]],
+               "plain_amp": [[(1000.0, 0.01)] * 2] * 2, "fabric_amp": [[(1000.0, 0.01)] * 2] * 2,
+               "plain_control": [[(990.0, 0.01), (1000.0, 0.01)], [(1000.0, 0.01), (840.0, 0.01)]]}
+
+    c = gpu.window_summary(figures, amp_loss=0.5)
+
+    assert c["ratios"] == [1.0, 0.99, 1.125, 1.2]
+    assert c["plain"] == 900.0  # the median of all four of its windows
+    assert c["processes"]["plain"] == [1005.0, 800.0]
+    assert c["processes"]["fabric"] == [1000.0, 930.0]
+    # The control, a second plain loop, paired the same way: the floor under the ratios.
+    assert c["extra"]["plain_control"]["ratios"] == [0.99, 0.99, 1.25, 1.05]
+    result = gpu._summary("cpu", [], {"resnet": c})
+    result["failed_parts"] = {}
+    assert result["fabric_vs_plain_resnet"] == 1.062
+    assert result["processes_resnet"]["plain"] == [1005.0, 800.0]
+    assert result["plain_control_vs_plain_resnet"] == 1.02
+    table = gpu._table(result, {"resnet": c}, 2, 2)
+    assert "median of 2 windows in each of 2 processes a side, trained in turns" in table
+    assert "the plain side's processes: 1,005.0, 800.0/s (fastest / slowest 1.256)" in table
+    assert "a second plain loop, the same program: 995.0/s, 1.020 of the plain loop" in table
+
+
+@pytest.mark.parametrize("option", ["--processes", "--windows", "--rounds"])
+def test_a_count_below_one_is_refused_before_anything_runs(option):
+    from bench import gpu
+
+    for bad, why in (("0", "must be at least 1, not 0"), ("two", "'two' is not a whole number")):
+        done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--device",
+                               "cpu", option, bad], cwd=REPO, capture_output=True, text=True,
+                              timeout=100)
+        assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+        assert f"argument {option}: {why}" in done.stderr
+    assert getattr(gpu._parser().parse_args([option, "2"]), option[2:]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_several_processes_a_side_each_train_their_own_windows(tmp_path):
+    from bench import gpu
+    from bench.runtime import Workload
+
+    tiny = Workload("mlp", 4, 3, 2)  # windows of 3 steps after 2 of warm-up
+    c = gpu.throughput_part(tmp_path, tiny, "cpu", windows=1,
+                            chosen=("fabric", "plain", "plain_amp"), per_side=2)
+
+    # A window of each process, paired by number: two ratios a side.
+    assert len(c["ratios"]) == 2 and all(r > 0 for r in c["ratios"]), c["ratios"]
+    assert set(c["processes"]) == {"fabric", "plain", "plain_amp"}
+    assert all(len(v) == 2 and min(v) > 0 for v in c["processes"].values()), c["processes"]
+    labels = {"fabric", "plain", "plain_amp", "fabric#2", "plain#2", "plain_amp#2"}
+    assert set(c["op_us"]) == set(c["threads"]) == set(c["phases"]) == labels
+    # Each process in its own folder, with its own steps.
+    for label in labels:
+        rows = (tmp_path / f"mlp-{label.replace('#', '-')}" / "steps.jsonl").read_text()
+        assert len(rows.splitlines()) == 5, (label, rows)
+
+
 def test_a_runtime_without_precision_has_no_amp_ratio():
     from bench import gpu
 
-    figures = {"fabric": [(1000.0, 0.01)], "plain": [(1000.0, 0.01)],
-               "plain_amp": [(1500.0, 0.01)]}
+    figures = {"fabric": [[(1000.0, 0.01)]], "plain": [[(1000.0, 0.01)]],
+               "plain_amp": [[(1500.0, 0.01)]]}
     c = gpu.window_summary(figures, amp_loss=0.5)
     assert c["fabric_amp"] is None and c["amp_ratios"] == []
     result = gpu._summary("cpu", [], {"resnet": c})

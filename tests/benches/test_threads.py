@@ -4,6 +4,7 @@ says what it does (the training thread, torch's autograd thread, the others, the
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 
@@ -47,7 +48,7 @@ def test_each_thread_is_counted_under_its_role_per_step():
     assert 13_000 <= figures["main"]["cpu_us"] <= 17_000, figures
     # The helper's 0.1 s fell in the third window only: 5 ms a step over the 20.
     assert 4_000 <= figures["other"]["cpu_us"] <= 7_000, figures
-    assert set(figures["main"]) == {"cpu_us", "preempted", "waited_us"}
+    assert set(figures["main"]) == {"cpu_us", "preempted", "sleeps", "waited_us"}
     assert figures["main"]["preempted"] >= 0 and figures["main"]["waited_us"] >= 0
 
 
@@ -56,3 +57,31 @@ def test_a_driver_counts_whole_and_an_ended_process_is_left_out():
     now = read({"driver": me, "gone": 2**22 + 7})  # above any pid Linux hands out by default
     assert {key for key, _ in now} == {"driver"}  # every thread of it, as the driver
     assert all(tid > 0 for _, tid in now)
+
+
+def test_a_thread_that_waits_for_another_is_counted_asleep_each_time():
+    # A helper that blocks on a queue for each of 200 hand-overs: it gives its core up each
+    # time it waits (a voluntary switch), which is how a thread that waits for a lock or
+    # for work mid-step shows, beside its CPU time.
+    work, acks = queue.Queue(), queue.Queue()
+
+    def helper() -> None:
+        while (item := work.get()) is not None:
+            acks.put(item)
+
+    thread = threading.Thread(target=helper, daemon=True)
+    thread.start()
+    times = ThreadTimes({"worker": os.getpid()})
+    try:
+        times.start()
+        for i in range(200):
+            work.put(i)
+            assert acks.get(timeout=10) == i, "the helper did not hand item back in 10 s"
+        times.stop(10)
+    finally:
+        work.put(None)
+        thread.join(10)
+
+    figures = times.per_step()  # 20 hand-overs a step
+    assert figures["other"]["sleeps"] >= 10, figures
+    assert figures["main"]["sleeps"] >= 10, figures
