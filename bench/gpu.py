@@ -7,8 +7,10 @@
    plain single-device PyTorch loop, on the ResNet-18 and the transformer of
    ``bench/models.py``: same model, data, batch; warm-up left out. The sides run at once and
    train in turns, one window of steps each (``bench/gate.py``), so that each window's ratio
-   compares two sides a few seconds apart; the median of those ratios is the headline.
-   Target: FabricModel / plain >= 0.97;
+   compares two sides a few seconds apart; the median of those ratios is the headline. On
+   a GPU each side runs as 3 processes (``--processes``), FabricModel's i-th paired with the
+   plain loop's i-th, because one process of a program can be 10% faster than another of
+   the same program for its whole life. Target: FabricModel / plain >= 0.97;
 3. **AMP**: the plain loop with automatic mixed precision (float16 autocast with a GradScaler
    on CUDA, bfloat16 autocast on CPU) against float32: samples/s and a finite loss;
 4. **memory**: NVML's used memory before the job, while its worker trains, and after the
@@ -26,8 +28,9 @@
    the tables and timelines left in ``--profile-dir``.
 
 Run: ``.venv/bin/python bench/gpu.py [--device auto|cuda|cpu] [--quick]
-[--models resnet,transformer] [--windows N] [--rounds N] [--steps N] [--batch N]
-[--parts throughput,memory,checkpoint,overhead,profile] [--profile-dir DIR]``. On a machine
+[--models resnet,transformer] [--windows N] [--processes N] [--rounds N] [--steps N]
+[--batch N] [--sides fabric_alone,plain_control,...] [--parts throughput,memory,checkpoint,
+overhead,profile] [--profile-dir DIR]``. On a machine
 without a GPU (or with ``--device cpu``) the NVML parts say "no GPU" and are skipped; the
 rest runs on the CPU.
 Prints a table; the last line is one JSON object. This file is also the plain loop's script
