@@ -779,29 +779,18 @@ def _profile_lines(result: dict) -> list[str]:
     return lines
 
 
-def _at_least_one(text: str) -> int:
-    """A count of the command line (windows, rounds, processes): a whole number, 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer of them")
     parser.add_argument("--models", default="resnet,transformer")
-    parser.add_argument("--windows", type=_at_least_one,
+    parser.add_argument("--windows", type=int,
                         help="throughput windows each process of a side trains, in turns "
                              "(default 3 quick, else 12 over a side's processes)")
-    parser.add_argument("--processes", type=_at_least_one,
+    parser.add_argument("--processes", type=int,
                         help="processes of each side in the throughput part, paired by number "
                              "(default 3 on CUDA, 1 on a CPU or --quick)")
-    parser.add_argument("--rounds", type=_at_least_one,
+    parser.add_argument("--rounds", type=int,
                         help="alternating runs of the overhead part (default 1 quick, 3)")
     parser.add_argument("--steps", type=int, help="steps of each throughput window instead "
                         "of the workload's own")
@@ -870,6 +859,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.role == "plain":
         return as_plain()
+    counts = {"--windows": args.windows, "--processes": args.processes, "--rounds": args.rounds}
+    if low := [f"{flag} {n}" for flag, n in counts.items() if n is not None and n < 1]:
+        parser.error(f"{', '.join(low)}: each must be at least 1")
+    parts = [p for p in args.parts.split(",") if p]
+    if unknown := sorted(set(parts) - set(PARTS)):
+        parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
+    extra = [s for s in args.sides.split(",") if s] + (["fabric_alone"] if args.alone else [])
+    if unknown := sorted(set(extra) - set(EXTRA_SIDES)):
+        parser.error(f"unknown side(s) {', '.join(unknown)}: choose from {', '.join(EXTRA_SIDES)}")
     processes.install()
     import torch
 
@@ -878,12 +876,6 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     per_side = args.processes or (3 if device == "cuda" and not args.quick else 1)
     windows = args.windows or (3 if args.quick else max(3, 12 // per_side))
-    parts = [p for p in args.parts.split(",") if p]
-    if unknown := sorted(set(parts) - set(PARTS)):
-        parser.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
-    extra = [s for s in args.sides.split(",") if s] + (["fabric_alone"] if args.alone else [])
-    if unknown := sorted(set(extra) - set(EXTRA_SIDES)):
-        parser.error(f"unknown side(s) {', '.join(unknown)}: choose from {', '.join(EXTRA_SIDES)}")
     gpus = discovery_part()  # [] without an NVIDIA driver: "no GPU"
     failed: dict[str, str] = {}
     done = _run_parts(parts, _workloads(args, device), OVERHEAD[0 if args.quick else 1], device,
