@@ -524,6 +524,35 @@ def profile_part(tmp: Path, w: Workload, device: str, out_dir: Path) -> dict[str
     return out
 
 
+def host_facts() -> dict[str, Any]:
+    """The machine a run measured: on a GPU the host launching kernels sets the pace, and
+    runs on two machines with the same GPU but different processors differ (the H100s and
+    the H200 lent so far): its processor, cores and caches, and the torch that ran."""
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor() or "unknown")
+    caches = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        level, kind, size = (" ".join(_lines(index / f)) for f in ("level", "type", "size"))
+        if level and size:
+            caches.append(f"L{level}{_CACHE_KINDS.get(kind, '')} {size}")
+    return {"cpu": cpu, "cores": os.cpu_count(), "caches": ", ".join(caches),
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+_CACHE_KINDS = {"Data": "d", "Instruction": "i"}  # a unified cache gets no letter
+
+
+def _lines(path: str | Path) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
 def discovery_part() -> list[dict[str, Any]]:
     from resources.discovery import discover
 
@@ -670,6 +699,9 @@ def _table(result: dict, per_model: dict, windows: int, per_side: int = 1) -> st
         f"{windows} windows")
     lines = [f"GPU benchmark on {result['device']} ({result['gpu']}; throughput: median of "
              f"{each} a side, trained in turns)"]
+    if host := result.get("host"):
+        lines.append(f"  host: {host['cpu']}, {host['cores']} cores ({host['caches']}); torch "
+                     f"{host['torch']}" + (f", CUDA {host['cuda']}" if host["cuda"] else ""))
     for gpu in result["gpus"]:
         lines.append(f"  GPU {gpu['index']} {gpu['uuid']} {gpu['model']} "
                      f"{gpu['memory_used_mb']}/{gpu['memory_mb']} MiB used, "
@@ -886,6 +918,7 @@ def main() -> None:
                       done["overhead"] or {})
     result.update({f"profile_{n}": c for n, c in done["profile"].items() if c})
     result["failed_parts"] = failed
+    result["host"] = host_facts()
     print(_table(result, per_model, windows, per_side))
     print(json.dumps(result))
     if failed:

@@ -73,6 +73,7 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
                 ) in done.stdout
     assert result["checkpoint_resume_equal"] is True
     assert result["checkpoint_output_max_abs_diff"] == 0.0
+    assert result["host"]["cores"] == os.cpu_count(), result["host"]
     # The overhead part: each side's microseconds a step, and what the runtime adds.
     fabric, plain = result["host_us_per_step_fabric"], result["host_us_per_step_plain"]
     assert fabric > 0 and plain > 0, (fabric, plain)
@@ -430,3 +431,21 @@ def test_a_side_that_cannot_start_or_train_is_named_with_where_to_look(tmp_path)
                                            r"see .*nope-plain"):
         gpu.throughput_part(tmp_path / "b", nope, "cpu", windows=1, chosen=("plain",))
     assert "unknown model 'nope'" in (tmp_path / "b" / "nope-plain" / "plain.log").read_text()
+
+
+def test_the_run_names_the_host_that_launched_the_kernels():
+    # Two machines with the same GPU but other processors gave other ratios: a run says
+    # which processor, caches and torch it measured, in the JSON and the table.
+    import torch
+
+    from bench import gpu
+
+    host = gpu.host_facts()
+    assert host["cores"] == os.cpu_count()
+    assert host["torch"] == torch.__version__ and host["cuda"] == torch.version.cuda
+    assert isinstance(host["cpu"], str) and host["cpu"], host
+    if os.path.isdir("/sys/devices/system/cpu/cpu0/cache"):
+        assert "L1d " in host["caches"] and "L2 " in host["caches"], host
+    result = {"device": "cpu", "gpu": "no GPU", "gpus": [], "failed_parts": {}, "host": host}
+    table = gpu._table(result, {}, 1)
+    assert f"  host: {host['cpu']}, {host['cores']} cores ({host['caches']}); torch " in table
