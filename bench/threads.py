@@ -55,7 +55,7 @@ def _status_field(text: str, name: str) -> int:
     return 0
 
 
-def _thread(folder: Path) -> tuple[str, tuple[float, float, float]] | None:
+def _thread(folder: Path) -> tuple[str, tuple[float, ...]] | None:
     """(name, (CPU us, involuntary switches, voluntary ones, us waited for a core)) of one
     thread, now; None once it has ended."""
     try:
