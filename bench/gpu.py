@@ -107,6 +107,32 @@ def _amp(device: Any) -> tuple[Any, Any]:
     return torch.bfloat16, None
 
 
+# The plain loop's switch for the plain_seeded side (see _seed_as_the_runtime).
+SEED_EACH_STEP = "BENCH_SEED_EACH_STEP"
+
+
+def _seed_as_the_runtime(step: int, device: Any) -> None:
+    """The generators seeded as FabricModel seeds them each step, with the same calls as
+    ``runtime/randomness.py`` but without its code: once for the step's samples (the host's
+    generators), once for its forward pass (the GPU's too), each with a large seed as the
+    runtime's are. Dropout then draws from a GPU generator reset every step, as in
+    FabricModel's process. (Not ``torch.manual_seed``: it also seeds the devices the process
+    never started, formatting the call's stack for each, about 90 us a call.)"""
+    import random
+
+    import torch
+
+    for k, gpu in ((2 * step, False), (2 * step + 1, True)):
+        seed = (k * 0x9E3779B97F4A7C15) & ((1 << 63) - 1)
+        torch.default_generator.manual_seed(seed)
+        if gpu and device.type == "cuda":
+            torch.cuda.manual_seed(seed)
+        random.seed(seed)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed(seed & 0xFFFFFFFF)
+
+
 def as_plain() -> None:
     """One process, one device, the loop a user writes without any framework."""
     import torch
@@ -129,9 +155,12 @@ def as_plain() -> None:
     dtype, scaler = _amp(device) if amp else (torch.float32, None)
     loader = DataLoader(data, batch_size=batch, shuffle=True, num_workers=0,
                         generator=torch.Generator().manual_seed(0))
+    seeded = os.environ.get(SEED_EACH_STEP) == "1"
     with open(os.environ["EDT_STEP_LOG"], "a", buffering=1) as log:
         for step, (x, y) in enumerate(loader, 1):
             t0 = time.time()
+            if seeded:
+                _seed_as_the_runtime(step, device)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             with torch.autocast(device.type, dtype=dtype, enabled=amp):
@@ -263,7 +292,8 @@ def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
 SIDES = {"fabric": ("fabric", False), "plain": ("plain", False),
          "plain_amp": ("plain", True), "fabric_amp": ("fabric", True),
          "fabric_alone": ("alone", False), "plain_malloc": ("plain", False),
-         "fabric_nomalloc": ("alone", False), "plain_control": ("plain", False)}
+         "fabric_nomalloc": ("alone", False), "plain_control": ("plain", False),
+         "plain_seeded": ("plain", False)}
 DEFAULT_SIDES = ("fabric", "plain", "plain_amp", "fabric_amp")
 # The sides --sides may add, each compared with the plain loop in float32, and what it tells.
 EXTRA_SIDES = {
@@ -275,6 +305,9 @@ EXTRA_SIDES = {
                        "worker's settings do to it, the other way round",
     "plain_control": "a second plain loop, the same program: how far two processes of one "
                      "program differ in this run, the floor under any other ratio here",
+    "plain_seeded": "the plain loop seeding the generators before each step as the runtime "
+                    "does (torch's, the GPU's, Python's, NumPy's): what that costs a step, "
+                    "apart from the runtime's code",
 }
 # A variable by which a job says it chose its own allocator, so that the worker leaves glibc's
 # settings as they are (runtime/allocator.py); glibc itself reads no such variable.
@@ -286,6 +319,8 @@ def _side_env(name: str) -> dict[str, str]:
     process, which runs this file, imports nothing of the runtime)."""
     if name == "fabric_nomalloc":
         return dict(_OWN_ALLOCATOR)
+    if name == "plain_seeded":
+        return {SEED_EACH_STEP: "1"}
     if name != "plain_malloc":
         return {}
     from runtime import allocator

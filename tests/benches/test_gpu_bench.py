@@ -97,7 +97,7 @@ def test_an_unknown_side_is_named_before_anything_runs():
                           text=True, timeout=100)
     assert done.returncode == 2, done.stdout + done.stderr
     assert ("unknown side(s) nope: choose from fabric_alone, plain_malloc, fabric_nomalloc, "
-            "plain_control" in done.stderr)
+            "plain_control, plain_seeded" in done.stderr)
 
 
 def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
@@ -120,6 +120,28 @@ def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
     env = gpu._side_env("fabric_nomalloc")
     assert allocator.user_chose(env) is not None
     assert not set(env) & set(allocator.as_environment())
+    # The plain loop told to seed its generators each step, and nothing else.
+    assert gpu.SIDES["plain_seeded"] == gpu.SIDES["plain"]
+    assert gpu._side_env("plain_seeded") == {gpu.SEED_EACH_STEP: "1"}
+
+
+def test_the_seeded_plain_loop_resets_the_generators_each_step_as_the_runtime_does():
+    import random
+
+    import torch
+
+    from bench import gpu
+
+    def draws(step: int) -> tuple[float, float]:
+        gpu._seed_as_the_runtime(step, torch.device("cpu"))
+        return torch.rand(()).item(), random.random()
+
+    first = draws(7)
+    assert draws(7) == first  # the same step: the same draws, whatever came before
+    assert draws(8) != first
+    # A large seed, as the runtime's: the generator takes it as it is.
+    gpu._seed_as_the_runtime(7, torch.device("cpu"))
+    assert torch.initial_seed() > 2**32
 
 
 @pytest.mark.timeout(300)
