@@ -107,30 +107,40 @@ def _amp(device: Any) -> tuple[Any, Any]:
     return torch.bfloat16, None
 
 
-# The plain loop's switch for the plain_seeded side (see _seed_as_the_runtime).
+# The plain loop's switch for the plain_seeded side (see _seeding).
 SEED_EACH_STEP = "BENCH_SEED_EACH_STEP"
 
 
-def _seed_as_the_runtime(step: int, device: Any) -> None:
-    """The generators seeded as FabricModel seeds them each step, with the same calls as
-    ``runtime/randomness.py`` but without its code: once for the step's samples (the host's
-    generators), once for its forward pass (the GPU's too), each with a large seed as the
-    runtime's are. Dropout then draws from a GPU generator reset every step, as in
-    FabricModel's process. (Not ``torch.manual_seed``: it also seeds the devices the process
-    never started, formatting the call's stack for each, about 90 us a call.)"""
-    import random
+def _runtime_randomness(device: Any) -> Any:
+    """``runtime/randomness.py``'s ``Randomness``, loaded from that file alone: the runtime's
+    own seeding, without the rest of the runtime, which the plain loop's process never
+    imports (the file needs only torch and the standard library)."""
+    import importlib.util
 
-    import torch
+    spec = importlib.util.spec_from_file_location("_bench_randomness",
+                                                  REPO / "runtime" / "randomness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Randomness(0, device)
 
-    for k, gpu in ((2 * step, False), (2 * step + 1, True)):
-        seed = (k * 0x9E3779B97F4A7C15) & ((1 << 63) - 1)
-        torch.default_generator.manual_seed(seed)
-        if gpu and device.type == "cuda":
-            torch.cuda.manual_seed(seed)
-        random.seed(seed)
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            numpy.random.seed(seed & 0xFFFFFFFF)
+
+def _seeding(device: Any) -> Callable[[int], contextlib.AbstractContextManager]:
+    """What wraps each step's forward pass in the plain loop: nothing, or, on the
+    plain_seeded side, the generators seeded as FabricModel seeds them, by the runtime's own
+    code: once for the step's samples, once around its forward pass (the GPU's generator
+    too, so dropout draws from one reset every step)."""
+    if os.environ.get(SEED_EACH_STEP) != "1":
+        return lambda _step: contextlib.nullcontext()
+    randomness = _runtime_randomness(device)
+
+    @contextlib.contextmanager
+    def seeded(step: int) -> Iterator[None]:
+        with randomness.samples(0, step):
+            pass  # the samples were read already; the runtime seeds before reading them
+        with randomness.micro_batch(0, step, 0):
+            yield
+
+    return seeded
 
 
 def as_plain() -> None:
@@ -155,15 +165,13 @@ def as_plain() -> None:
     dtype, scaler = _amp(device) if amp else (torch.float32, None)
     loader = DataLoader(data, batch_size=batch, shuffle=True, num_workers=0,
                         generator=torch.Generator().manual_seed(0))
-    seeded = os.environ.get(SEED_EACH_STEP) == "1"
+    seeding = _seeding(device)
     with open(os.environ["EDT_STEP_LOG"], "a", buffering=1) as log:
         for step, (x, y) in enumerate(loader, 1):
             t0 = time.time()
-            if seeded:
-                _seed_as_the_runtime(step, device)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
-            with torch.autocast(device.type, dtype=dtype, enabled=amp):
+            with seeding(step), torch.autocast(device.type, dtype=dtype, enabled=amp):
                 loss = F.cross_entropy(model(x), y)
             if scaler is not None:
                 scaler.scale(loss).backward()
@@ -305,27 +313,24 @@ EXTRA_SIDES = {
                        "worker's settings do to it, the other way round",
     "plain_control": "a second plain loop, the same program: how far two processes of one "
                      "program differ in this run, the floor under any other ratio here",
-    "plain_seeded": "the plain loop seeding the generators before each step as the runtime "
-                    "does (torch's, the GPU's, Python's, NumPy's): what that costs a step, "
-                    "apart from the runtime's code",
+    "plain_seeded": "the plain loop seeding the generators each step as the runtime does, by "
+                    "its own code (torch's, the GPU's, Python's, NumPy's): what that costs a "
+                    "step, apart from the rest of the runtime",
 }
 # A variable by which a job says it chose its own allocator, so that the worker leaves glibc's
 # settings as they are (runtime/allocator.py); glibc itself reads no such variable.
 _OWN_ALLOCATOR = {"MALLOC_CONF": "bench:glibc-defaults"}
+_FIXED_SIDE_ENV = {"fabric_nomalloc": _OWN_ALLOCATOR, "plain_seeded": {SEED_EACH_STEP: "1"}}
 
 
 def _side_env(name: str) -> dict[str, str]:
-    """A side's own environment, beside its workload's (imported here: the plain loop's
-    process, which runs this file, imports nothing of the runtime)."""
-    if name == "fabric_nomalloc":
-        return dict(_OWN_ALLOCATOR)
-    if name == "plain_seeded":
-        return {SEED_EACH_STEP: "1"}
-    if name != "plain_malloc":
-        return {}
-    from runtime import allocator
+    """A side's own environment, beside its workload's (the runtime imported here: the plain
+    loop's process, which runs this file, imports nothing of the runtime)."""
+    if name == "plain_malloc":
+        from runtime import allocator
 
-    return allocator.as_environment()
+        return allocator.as_environment()
+    return dict(_FIXED_SIDE_ENV.get(name, {}))
 
 
 WINDOW_WAIT_S = 600.0  # a side's warm-up (its process's start) or one window, at most

@@ -125,23 +125,34 @@ def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
     assert gpu._side_env("plain_seeded") == {gpu.SEED_EACH_STEP: "1"}
 
 
-def test_the_seeded_plain_loop_resets_the_generators_each_step_as_the_runtime_does():
+def test_the_seeded_plain_loop_resets_the_generators_each_step_as_the_runtime_does(
+        monkeypatch):
     import random
 
     import torch
 
     from bench import gpu
+    from runtime import randomness
+
+    monkeypatch.setenv(gpu.SEED_EACH_STEP, "1")
+    seeding = gpu._seeding(torch.device("cpu"))
 
     def draws(step: int) -> tuple[float, float]:
-        gpu._seed_as_the_runtime(step, torch.device("cpu"))
-        return torch.rand(()).item(), random.random()
+        with seeding(step):
+            return torch.rand(()).item(), random.random()
 
     first = draws(7)
     assert draws(7) == first  # the same step: the same draws, whatever came before
     assert draws(8) != first
-    # A large seed, as the runtime's: the generator takes it as it is.
-    gpu._seed_as_the_runtime(7, torch.device("cpu"))
-    assert torch.initial_seed() > 2**32
+    # The runtime's own seed for that forward pass: its code, not a copy of it.
+    assert torch.initial_seed() == randomness.micro_batch_seed(0, 0, 8, 0)
+    loaded = gpu._runtime_randomness(torch.device("cpu"))
+    assert type(loaded).__module__ == "_bench_randomness"
+    # Without the switch, the plain loop seeds nothing.
+    monkeypatch.delenv(gpu.SEED_EACH_STEP)
+    torch.manual_seed(123)
+    with gpu._seeding(torch.device("cpu"))(7):
+        assert torch.initial_seed() == 123
 
 
 @pytest.mark.timeout(300)
