@@ -41,6 +41,7 @@ from jobs.models import (
 )
 from jobs.services import record_event, slot_release
 from runtime import control
+from runtime.config import DriverState
 
 log = logging.getLogger("edt.execution")
 
@@ -432,7 +433,10 @@ def _driver_gone(addr: str, secret: str) -> bool:
         state = control.status(addr, secret, timeout=3.0).get("state")
     except Exception:  # noqa: BLE001 - unreachable is the answer
         return True
-    return state not in ("RUNNING", "STARTING")
+    try:
+        return not DriverState(state).serving
+    except ValueError:  # a state this agent does not know: not one that takes workers
+        return True
 
 
 # --- control: reclaim ----------------------------------------------------------------------------

@@ -67,9 +67,27 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 DRIVER_EXIT_STOPPED = 5
 DRIVER_EXIT_FAILED = 6
+
+
+class DriverState(StrEnum):
+    """A driver's state, as its ``status`` answers and its ``job.state`` events say. A StrEnum:
+    on the wire (JSON) it is the plain name, and the host agent compares what it reads with
+    these members, not with strings of its own."""
+
+    STARTING = "STARTING"  # binding its port, loading the latest checkpoint
+    RUNNING = "RUNNING"  # serving its workers
+    FINISHED = "FINISHED"  # the final model is saved
+    FAILED = "FAILED"  # a worker or a driver callback raised: no retry can mend it
+    KILLED = "KILLED"  # stopped on request
+
+    @property
+    def serving(self) -> bool:
+        """Still taking workers: a worker supervisor keeps its worker only while it is."""
+        return self in (DriverState.STARTING, DriverState.RUNNING)
 
 
 def _float(name: str, default: float) -> float:

@@ -32,7 +32,7 @@ from typing import Any
 from . import checkpoint, events, wire
 from . import state as state_mod
 from .callbacks import ELogLogger, call
-from .config import DRIVER_EXIT_FAILED, DRIVER_EXIT_STOPPED, JobEnv
+from .config import DRIVER_EXIT_FAILED, DRIVER_EXIT_STOPPED, DriverState, JobEnv
 from .rendezvous import Rendezvous
 from .reports import Reports
 from .results import Results
@@ -73,13 +73,13 @@ class Driver:
         self.cfg = cfg
         self.results = Results(env.result_dir, env.checkpoint_dir)
         self.done = threading.Event()
-        self.outcome = "RUNNING"
+        self.outcome = DriverState.RUNNING
         self.error: str | None = None
         self.final_saved = False
         self.epoch = 0
         self.iteration = 0
         self.global_step = 0
-        self.state = "STARTING"
+        self.state = DriverState.STARTING
         self.reports = Reports(self.logger, env.metrics_interval_s)
         self._lock = threading.Lock()
         self.addr = ""
@@ -118,8 +118,8 @@ class Driver:
         threading.Thread(target=server.serve_forever, name="edt-driver-server", daemon=True).start()
         if env.driver_addr_file:
             checkpoint.atomic_write(env.driver_addr_file, self.addr.encode())
-        self.state = "RUNNING"
-        events.emit("job.state", state="RUNNING", driver_addr=self.addr)
+        self.state = DriverState.RUNNING
+        events.emit("job.state", state=DriverState.RUNNING, driver_addr=self.addr)
         call(self.logger, "on_train_begin")
         try:
             while not self.done.is_set():
@@ -151,13 +151,13 @@ class Driver:
         rdzv = self.rdzv
         with rdzv.cv:
             live = rdzv.live_members()
-            if self.outcome == "FINISHED" and self.final_saved and not live:
+            if self.outcome == DriverState.FINISHED and self.final_saved and not live:
                 self.done.set()
-            elif self.outcome == "FAILED" and not live:
+            elif self.outcome == DriverState.FAILED and not live:
                 self.done.set()
             elif rdzv.stop_requested and not rdzv.members and not rdzv.awaiting_upload:
-                if self.outcome == "RUNNING":
-                    self.outcome = "KILLED"
+                if self.outcome == DriverState.RUNNING:
+                    self.outcome = DriverState.KILLED
                 self.done.set()
 
     # -- handlers ---------------------------------------------------------------------
@@ -255,7 +255,7 @@ class Driver:
         return self.kv.handle(h, payload)
 
     def _op_join(self, h: dict[str, Any], _: bytes | None) -> tuple[dict, None]:
-        if self.outcome != "RUNNING" or self.rdzv.stop_requested:
+        if self.outcome != DriverState.RUNNING or self.rdzv.stop_requested:
             return {"action": "stop", "upload": False}, None
         reply = self.rdzv.join(h["worker_id"], self._timeout(h))
         return (reply or {"action": "wait_timeout"}), None
@@ -317,14 +317,14 @@ class Driver:
             self.results.save_final(blob)
             with self._lock:
                 self.final_saved = True
-                if self.outcome == "RUNNING":
-                    self.outcome = "FINISHED"
+                if self.outcome == DriverState.RUNNING:
+                    self.outcome = DriverState.FINISHED
         return {"ok": True, "position": st["position"]}
 
     def _fail(self, message: str, tb: str, worker_id: str | None) -> None:
         with self._lock:
-            first = self.outcome != "FAILED"
-            self.outcome = "FAILED"
+            first = self.outcome != DriverState.FAILED
+            self.outcome = DriverState.FAILED
             self.error = self.error or message
         if first:
             if tb:
@@ -348,7 +348,7 @@ class Driver:
         snap.update(
             ok=True,
             job_id=self.env.job_id,
-            state=self.state if self.state != "RUNNING" else self.outcome,
+            state=self.state if self.state != DriverState.RUNNING else self.outcome,
             epoch=self.epoch,
             iteration=self.iteration,
             global_step=self.global_step,
@@ -376,11 +376,11 @@ def run_driver(env: JobEnv, logger: Any, cfg: dict[str, Any]) -> str:
     events.capture_output()
     driver = Driver(env, logger, cfg)
     outcome = driver.run()
-    if outcome == "FAILED":
+    if outcome == DriverState.FAILED:
         # The traceback and "Job FAILED: <why>" are the last lines of this log: the host
         # agent ends the job with them, without a retry.
         raise SystemExit(DRIVER_EXIT_FAILED)
-    if outcome == "KILLED":
+    if outcome == DriverState.KILLED:
         # Stopped, not finished: whoever starts drivers decides what the stop meant (the
         # host agent ends the job KILLED only when the console asked for it).
         print("Job stopped on request", flush=True)

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from . import checkpoint, events, wire
 from .callbacks import ELogLogger, call
-from .config import JobEnv
+from .config import DriverState, JobEnv
 from .errors import (
     EXIT_DRIVER_LOST,
     EXIT_FAILED,
@@ -146,15 +146,15 @@ class StandaloneMembership(Membership):
         destroy_group()
 
     def run(self, train: Callable[[], None]) -> None:
-        events.emit("job.state", state="RUNNING")
+        events.emit("job.state", state=DriverState.RUNNING)
         try:
             train()
         except BaseException as exc:
             events.emit("error", message=f"{type(exc).__name__}: {exc}",
                         traceback=traceback.format_exc())
-            events.emit("job.state", state="FAILED", error=f"{type(exc).__name__}: {exc}")
+            events.emit("job.state", state=DriverState.FAILED, error=f"{type(exc).__name__}: {exc}")
             raise
-        events.emit("job.state", state="FINISHED")
+        events.emit("job.state", state=DriverState.FINISHED)
 
 
 class WorkerMembership(Membership):
