@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import threading
 
-from django.db.models import F
-
 from events.publish import publish
 from jobs.models import SlotAllocation, TrainingJob
 
@@ -56,17 +54,6 @@ def driver_addr(job_id: int, attempt: int) -> str | None:
         TrainingJob.objects.filter(pk=job_id, driver_attempt=attempt)
         .exclude(driver_address="")
         .values_list("driver_address", flat=True)
-        .first()
-    )
-
-
-def driver_host(job_id: int) -> str | None:
-    """The host whose agent runs the driver of the job's current attempt (where a stop goes),
-    once that driver is listening."""
-    return (
-        TrainingJob.objects.filter(pk=job_id, driver_attempt=F("attempt"))
-        .exclude(driver_host="")
-        .values_list("driver_host", flat=True)
         .first()
     )
 

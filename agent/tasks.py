@@ -25,23 +25,24 @@ from __future__ import annotations
 from celery import shared_task
 
 from agent import driver_supervisor, worker_supervisor
+from config.celery import TASK_RECLAIM_SLOT, TASK_RUN_DRIVER, TASK_RUN_WORKER, TASK_STOP_JOB
 
 
-@shared_task(name="jobs.run_driver", acks_late=False, ignore_result=True)
+@shared_task(name=TASK_RUN_DRIVER, acks_late=False, ignore_result=True)
 def run_driver(job_id: int, attempt: int, host_name: str) -> str:
     return driver_supervisor.run_driver(job_id, attempt, host_name)
 
 
-@shared_task(name="jobs.run_worker", acks_late=False, ignore_result=True)
+@shared_task(name=TASK_RUN_WORKER, acks_late=False, ignore_result=True)
 def run_worker(allocation_id: int) -> str:
     return worker_supervisor.run_worker(allocation_id)
 
 
-@shared_task(name="jobs.reclaim_slot", acks_late=False, ignore_result=True)
+@shared_task(name=TASK_RECLAIM_SLOT, acks_late=False, ignore_result=True)
 def reclaim_slot(allocation_id: int) -> str:
     return worker_supervisor.reclaim_slot(allocation_id)
 
 
-@shared_task(name="jobs.stop_job", acks_late=False, ignore_result=True)
+@shared_task(name=TASK_STOP_JOB, acks_late=False, ignore_result=True)
 def stop_job(job_id: int) -> str:
     return driver_supervisor.stop_job(job_id)

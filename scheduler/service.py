@@ -19,7 +19,7 @@ double booking even if two decisions were ever in flight (a stale leader during 
 hand-over): such a group's decision rolls back and the next cycle re-reads.
 
 The decision reaches the processes through one narrow interface, ``Executor``
-(``scheduler.cycle``); the Celery implementation is ``agent.executor.CeleryExecutor``. Every
+(``scheduler.cycle``); the Celery implementation is ``scheduler.executor.CeleryExecutor``. Every
 executor call is made after the transaction that recorded the decision commits.
 """
 

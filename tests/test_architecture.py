@@ -21,8 +21,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),
     ("jobs",),
     ("events",),
-    ("agent",),
-    ("scheduler",),
+    # The scheduler and the host agents talk through Celery task names (config.celery), never
+    # through each other's modules.
+    ("agent", "scheduler"),
     ("console",),
 ]
 RANK = {package: rank for rank, line in enumerate(LAYERS) for package in line}

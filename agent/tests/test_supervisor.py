@@ -19,6 +19,7 @@ from agent import driver_supervisor, supervisor, worker_supervisor
 from agent.processes import registry
 from jobs import states
 from jobs.models import SlotAllocation, TrainingJob
+from scheduler import executor
 from scheduler.service import SchedulerService
 
 # Events published by these tests go to a stream of their own.
@@ -328,7 +329,7 @@ def test_a_superseded_driver_never_becomes_the_jobs_driver(job, script, tmp_path
         thread.join(30)
     assert outcomes == ["superseded"]
     assert not job.events.filter(type="driver.started").exists()
-    assert supervisor.driver_host(job.pk) is None
+    assert executor.driver_host(job.pk) is None
     job.refresh_from_db()
     assert job.state == states.RUNNING and job.attempt == 2
 

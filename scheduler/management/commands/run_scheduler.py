@@ -6,8 +6,8 @@ import signal
 
 from django.core.management.base import BaseCommand
 
-from agent.executor import CeleryExecutor
 from config.control_plane import stale_slots
+from scheduler.executor import CeleryExecutor
 from scheduler.service import SchedulerLoop, SchedulerService
 
 
