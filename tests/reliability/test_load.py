@@ -44,6 +44,7 @@ from jobs import states
 from jobs.models import JobEvent, SlotAllocation, TrainingJob
 from models.models import ModelDefinition
 from resources.models import Host
+from tests import support
 from tests.e2e.conftest import e2e, e2e_records  # noqa: F401 - the e2e cluster fixtures
 from tests.e2e.harness import REPO, Cluster, wait_until
 
@@ -289,17 +290,8 @@ def events_behind(cluster: Cluster) -> int | None:
     """Events the consumer has not acknowledged yet (None: its group does not exist yet)."""
     import redis
 
-    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    try:
-        last = client.xinfo_stream(cluster.stream)["last-generated-id"]
-        for group in client.xinfo_groups(cluster.stream):
-            if group["name"] == "console":
-                lag = group.get("lag")
-                unread = lag if lag is not None else int(group["last-delivered-id"] != last)
-                return group["pending"] + unread
-        return None
-    finally:
-        client.close()
+    with redis.Redis.from_url(settings.REDIS_URL, decode_responses=True) as client:
+        return support.events_behind(client, cluster.stream, "console")
 
 
 def error_lines(cluster: Cluster) -> list[str]:
