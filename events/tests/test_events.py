@@ -1,6 +1,7 @@
 """The one event pipeline: publish -> Redis stream -> run_events -> ingest -> rows, log files
-and Channels groups. Uses the real Redis on 127.0.0.1:6379 with a stream and channel prefix of
-its own per test, and a throwaway redis-server for the restart test."""
+and Channels groups. Uses the real Redis at REDIS_URL (under pytest-xdist, the worker's own
+database) with a stream and channel prefix of its own per test, and a throwaway redis-server
+for the restart test."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings as django_settings
 
+from config import control_plane
 from events.ingest import clear_caches, ingest, ingest_many
 from events.logs import log_sources, read_log, read_log_after
 from events.management.commands.run_events import Command, StreamReader
@@ -23,14 +26,18 @@ from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from runtime.tests.helpers import wait_until
 from tests.reliability.private_redis import PrivateRedis
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+# The Redis this run was given (the root conftest gives each xdist worker its own database).
+REDIS_URL = django_settings.REDIS_URL
 
 
 @pytest.fixture(autouse=True)
-def isolated(settings):
-    """A stream and a channel-layer prefix no other test run shares."""
+def isolated(settings, monkeypatch):
+    """A stream and a channel-layer prefix no other test run shares, and the product's Redis
+    client connected to the Redis this test reads: the process keeps one client, made from
+    REDIS_URL when first used, which may be long before (or another server than) this test."""
     tag = uuid.uuid4().hex[:10]
     settings.REDIS_URL = REDIS_URL
+    monkeypatch.setattr(control_plane, "_client", None)
     settings.EDT_EVENTS_STREAM = f"edt:test:{tag}"
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.CHANNEL_LAYERS = {
@@ -166,12 +173,14 @@ def test_events_of_unknown_jobs_and_malformed_events_are_dropped(job):
 
 
 def test_publish_appends_to_the_stream_after_commit(
-    job, isolated, django_capture_on_commit_callbacks
+    job, isolated, django_capture_on_commit_callbacks, caplog
 ):
     client = redis.Redis.from_url(REDIS_URL)
     with django_capture_on_commit_callbacks(execute=True):
         event = publish("allocation.grant", job.pk, "scheduler", host="host1", slot=0)
         assert client.xlen(isolated) == 0
+    # The publisher logs a failure and goes on (the database holds the truth): say why here.
+    assert "could not publish" not in caplog.text, caplog.text
     [(_, fields)] = client.xrange(isolated)
     assert json.loads(fields[b"data"]) == event
 
