@@ -220,6 +220,9 @@ EDT_MODEL_ROOTS = [Path(p).resolve() for p in env_list("EDT_MODEL_ROOTS", str(VA
 EDT_RESULT_ROOT = Path(os.environ.get("EDT_RESULT_ROOT", VAR_DIR / "results")).resolve()
 EDT_UPLOAD_ROOT = Path(os.environ.get("EDT_UPLOAD_ROOT", VAR_DIR / "uploads")).resolve()
 EDT_MAX_UPLOAD_BYTES = env_int("EDT_MAX_UPLOAD_BYTES", 2 * 1024**3)
+# The most a results zip holds, uncompressed (console.streaming.zip_refusal): past it a
+# request is refused before any work, and the files are downloaded one by one.
+EDT_RESULTS_ZIP_MAX_BYTES = env_int("EDT_RESULTS_ZIP_MAX_BYTES", 4 * 1024**3)
 EDT_MAX_ARCHIVE_MEMBERS = env_int("EDT_MAX_ARCHIVE_MEMBERS", 100_000)
 EDT_MAX_WORKERS_LIMIT = env_int("EDT_MAX_WORKERS_LIMIT", 1024)
 EDT_CPU_SLOTS = env_int("EDT_CPU_SLOTS", 4)
