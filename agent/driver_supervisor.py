@@ -30,6 +30,7 @@ from agent.processes import (
     registry,
     spawn,
 )
+from agent.quota import ResultsQuota
 from agent.supervisor import HEARTBEAT_S, POLL_S, TERM_GRACE_S, agent_stopping, driver_addr
 from config.control_plane import wake_scheduler
 from events.publish import publish
@@ -183,10 +184,10 @@ def _run_driver(job_id: int, attempt: int, host_name: str, key: str) -> str:
     registry.set_child(key, child)
     try:
         rc = _DriverWatch(job_id, attempt, host_name, addr_file).run(child)
-    except BaseException:
-        # Whatever stopped this supervisor, its process must not run on unsupervised.
+    finally:
+        # Whatever stopped this supervisor, its process must not run on unsupervised; and
+        # what it started must not outlive it (its cgroup is killed and removed).
         child.end(TERM_GRACE_S)
-        raise
     # The driver's own last events (its final job.state) come before what this agent says.
     child.wait_events()
     if isinstance(rc, str):
@@ -224,6 +225,7 @@ class _DriverWatch:
         self.recorded = False
         self.last_beat = 0.0
         self.confirmed = time.monotonic()  # when the database last confirmed this attempt
+        self.quota = ResultsQuota(job_id)
 
     def run(self, child: Child) -> int | str:
         """Until the driver exits (its exit code) or must be ended (why)."""
@@ -232,6 +234,10 @@ class _DriverWatch:
             why = self.record_start()
             if why is None and rc is not None:
                 return rc
+            over = self.quota.due()
+            if over is not None:
+                child.end(TERM_GRACE_S)
+                return _fail_now(self.job_id, self.attempt, self.host_name, over)
             why = why or self.confirm() or (AGENT_STOPPED if agent_stopping.is_set() else None)
             if why is not None:
                 child.end(TERM_GRACE_S)
@@ -282,7 +288,8 @@ class _DriverWatch:
 
 def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int, child: Child) -> str:
     # The driver has exited, so its output is whole: read it before taking the job's lock.
-    verdict = None if rc in (0, DRIVER_EXIT_STOPPED) else _users_fault(rc, child.tail(200))
+    verdict = None if rc in (0, DRIVER_EXIT_STOPPED) else (
+        _limit_reached(job_id, child) or _users_fault(rc, child.tail(200)))
     if verdict:
         return _fail_now(job_id, attempt, host_name, verdict, exit_code=rc)
     with transaction.atomic():
@@ -306,6 +313,15 @@ def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int, child: Ch
         )
         wake_scheduler("driver.lost", job=job_id)
         return f"exited {rc}"
+
+
+def _limit_reached(job_id: int, child: Child) -> str | None:
+    """The limit a failed driver ran into, when it did: its memory or process limit (the
+    kernel's count in its cgroup), or its owner's results quota (a write refused at it)."""
+    said = child.limit_message("the driver")
+    if said:
+        return f"The job stopped: {said}."
+    return ResultsQuota(job_id).check()
 
 
 def _users_fault(rc: int, lines: list[str]) -> str | None:

@@ -22,7 +22,7 @@ from celery.signals import worker_shutting_down
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
-from agent import warm
+from agent import cgroups, warm
 from agent.processes import check_job_accounts, end_all, user_python
 from agent.supervisor import publish_slot_released, stop_supervising
 from config.celery import app
@@ -69,6 +69,8 @@ class HostAgent:
         self.stopping = threading.Event()
         # Which account runs this host's jobs (``check_job_accounts``), shown on the hosts page.
         self.accounts: dict[str, object] = {}
+        # Whether each job's process gets a cgroup with limits here (``check_limits``).
+        self.limits: dict[str, object] = {}
         # The host's CPU and memory use, sent with each heartbeat for the hosts page.
         self.usage = HostUsageSampler()
 
@@ -84,7 +86,8 @@ class HostAgent:
             cpu_slots=self.cpu_slots,
             gpus=gpus,
             info={"python": platform.python_version(), "platform": platform.platform(),
-                  **({"accounts": self.accounts} if self.accounts else {})},
+                  **({"accounts": self.accounts} if self.accounts else {}),
+                  **({"limits": self.limits} if self.limits else {})},
         )
         return len(gpus) or self.cpu_slots
 
@@ -100,6 +103,18 @@ class HostAgent:
             log.warning("agent %s: %s", self.name, report.detail)
         else:
             log.info("agent %s: %s", self.name, report.detail)
+
+    def check_limits(self) -> None:
+        """Say, before taking work, whether this host can put each job's process in a cgroup
+        with memory, process and CPU limits (``agent.cgroups``): a warning when it cannot."""
+        if settings.EDT_CGROUPS:
+            probe = cgroups.start(settings.EDT_CGROUP_PARENT or None)
+        else:
+            probe = cgroups.Probe(None, "cgroups turned off (EDT_CGROUPS=false): jobs run "
+                                        "without per-process memory, process and CPU limits")
+            cgroups.current = probe
+            log.warning("agent %s: %s", self.name, probe.detail)
+        self.limits = probe.as_info()
 
     def start_warm_process(self) -> None:
         """Have jobs' processes forked from an interpreter that has imported torch already
@@ -125,6 +140,7 @@ class HostAgent:
     def run(self) -> None:
         """Register, heartbeat in a thread, and run the Celery worker until it is stopped."""
         self.check_accounts()
+        self.check_limits()  # before the warm process starts: v2 may move the agent's group
         self.start_warm_process()
         slots = self.register()
         # Address the driver advertises to workers on other hosts.

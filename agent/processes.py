@@ -31,6 +31,7 @@ there (``O_NOFOLLOW`` on every component, ownership changed through file descrip
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -52,7 +53,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from agent import warm
+from agent import cgroups, warm
 from agent.relay import Relay, events_pipe
 from events.publish import stream_name
 from jobs.jobfiles import LOG_FOLDER, job_folders, open_beneath
@@ -86,12 +87,21 @@ TRACEBACK_START = "Traceback (most recent call last):"
 
 # Runs first in the child: ask the kernel to SIGKILL it when its parent (the agent's thread that
 # started it) dies, so a killed agent never leaves a process holding a slot that the scheduler
-# has released; then exec the real command.
+# has released; wait until the agent has put it in its cgroup (it writes "1" on the pipe whose
+# end is argv[2]; nothing, or -1 for no pipe, means the agent could not: exit 71, never run
+# unconfined); lower its resource limits (argv[3], JSON); then exec the real command.
 _CHILD_SHIM = (
-    "import ctypes,os,signal,sys\n"
+    "import ctypes,json,os,resource,signal,sys\n"
     "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL)\n"
     "if os.getppid()!=int(sys.argv[1]):os._exit(70)\n"
-    "os.execv(sys.argv[2],sys.argv[2:])\n"
+    "r=int(sys.argv[2])\n"
+    "if r>=0 and os.read(r,1)!=b'1':os._exit(71)\n"
+    "if r>=0:os.close(r)\n"
+    "for n,v in json.loads(sys.argv[3]).items():\n"
+    " h=resource.getrlimit(getattr(resource,n))[1]\n"
+    " v=v if h==resource.RLIM_INFINITY else min(v,h)\n"
+    " resource.setrlimit(getattr(resource,n),(v,v))\n"
+    "os.execv(sys.argv[4],sys.argv[4:])\n"
 )
 
 
@@ -546,6 +556,11 @@ class Child:
     root: Path | None = None
     # Publishes what the process emits (its events pipe).
     relay: Relay | None = None
+    # Its control group and the limits set on it (None: this host has none, ``agent.cgroups``).
+    group: cgroups.Group | None = None
+    limits: cgroups.Limits = field(default_factory=cgroups.Limits)
+    # Which limit the kernel enforced ("memory", "pids"), remembered when the group goes.
+    hit: str | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -557,16 +572,45 @@ class Child:
 
     def end(self, grace_s: float = 5.0) -> int:
         """SIGTERM, then SIGKILL after ``grace_s``, to the child's whole process group (data
-        loader workers and anything else the script started); returns the exit code."""
+        loader workers and anything else the script started), then to everything left in its
+        cgroup (a process that left the group with ``setsid`` included), which is removed;
+        returns the exit code. Also what a supervisor calls once the process has exited."""
         if self.proc.poll() is None:
             self._signal(signal.SIGTERM)
             try:
-                return self.proc.wait(grace_s)
+                self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self._signal(signal.SIGKILL)
         rc = self.proc.wait()
         self._signal(signal.SIGKILL)  # stragglers of the group, if any
+        self._drop_group()
         return rc
+
+    def _drop_group(self) -> None:
+        group, self.group = self.group, None
+        if group is None:
+            return
+        self.hit = self.hit or group.limit_hit()
+        try:
+            group.remove()
+        except OSError as exc:
+            log.warning("cgroup %s of %s not removed: %s", group.name, self.key, exc)
+
+    def limit_hit(self) -> str | None:
+        """Which of its limits the kernel enforced on this process: "memory" (a process of
+        its group was killed for it), "pids" (a fork was refused), or None."""
+        if self.hit is None and self.group is not None:
+            self.hit = self.group.limit_hit()
+        return self.hit
+
+    def limit_message(self, who: str) -> str | None:
+        """``who`` (``worker 3``) and the limit it ran into, in words for the job's owner."""
+        hit = self.limit_hit()
+        if hit == "memory":
+            return f"{who} exceeded its {format_bytes(self.limits.memory_bytes)} memory limit"
+        if hit == "pids":
+            return f"{who} hit its limit of {self.limits.pids} processes"
+        return None
 
     def _signal(self, sig: int) -> None:
         try:
@@ -751,27 +795,86 @@ def _umask(user: RunAs | None) -> int | None:
     return 0o007 if user is not None and user.isolated else None
 
 
+def format_bytes(size: int) -> str:
+    """``8 GiB``, ``1.2 GiB``, ``64 MiB``: a size in words for the job's owner."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} bytes"
+
+
+def job_limits(job: TrainingJob) -> cgroups.Limits:
+    """Each driver's and worker's limits: the instance group's, else the host's settings (no
+    memory setting: nine tenths of the host's memory, so a job never takes its last tenth)."""
+    group = job.instance_group
+    memory = (group.memory_limit_mib or 0) << 20 or int(settings.EDT_JOB_MEMORY_LIMIT)
+    if not memory:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 9 // 10
+    pids = group.pids_limit or int(settings.EDT_JOB_PIDS_LIMIT)
+    return cgroups.Limits(memory_bytes=memory, pids=pids, cpu_weight=group.cpu_weight)
+
+
+def rlimits(user: RunAs | None) -> dict[str, int]:
+    """Resource limits of a job's process, set before its code runs: no file larger than its
+    owner's results quota (``RLIMIT_FSIZE``: the write fails with EFBIG, Python ignores
+    SIGXFSZ), and, under an account of its own, a bound on that account's processes on the
+    host (``RLIMIT_NPROC``; a backstop for a host without cgroups)."""
+    limits = {}
+    quota = int(settings.EDT_RESULTS_QUOTA_BYTES or 0)
+    if quota:
+        limits["RLIMIT_FSIZE"] = quota
+    nproc = int(settings.EDT_JOB_NPROC_LIMIT or 0)
+    if user is not None and nproc:
+        limits["RLIMIT_NPROC"] = nproc
+    return limits
+
+
 def _start_cold(argv: list[str], root: Path, env: dict[str, str], out, events_out: int,
-                user: RunAs | None) -> subprocess.Popen:
-    """A new interpreter for the process: its start and ``import torch`` take seconds."""
+                user: RunAs | None, group: cgroups.Group | None) -> subprocess.Popen:
+    """A new interpreter for the process: its start and ``import torch`` take seconds. It
+    waits in the shim until it is in ``group`` (Python 3.11 cannot start a child in a cgroup:
+    no CLONE_INTO_CGROUP), so no code of the job runs outside it."""
     umask = _umask(user)
-    return subprocess.Popen(
-        [argv[0], "-c", _CHILD_SHIM, str(os.getpid()), *argv],
-        cwd=str(root),
-        env={**env, "EDT_EVENTS_FD": str(events_out)},
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        user=user.uid if user else None,
-        group=user.gid if user else None,
-        extra_groups=[] if user else None,
-        umask=-1 if umask is None else umask,
-        close_fds=True,
-        pass_fds=(events_out,),
-        # Its own process group, so ending it ends what it started; it still dies with
-        # the agent (the shim's PR_SET_PDEATHSIG).
-        process_group=0,
-    )
+    gate_r, gate_w = os.pipe() if group is not None else (-1, -1)
+    try:
+        proc = subprocess.Popen(
+            [argv[0], "-c", _CHILD_SHIM, str(os.getpid()), str(gate_r),
+             json.dumps(rlimits(user)), *argv],
+            cwd=str(root),
+            env={**env, "EDT_EVENTS_FD": str(events_out)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            user=user.uid if user else None,
+            group=user.gid if user else None,
+            extra_groups=[] if user else None,
+            umask=-1 if umask is None else umask,
+            close_fds=True,
+            pass_fds=(events_out,) if group is None else (events_out, gate_r),
+            # Its own process group, so ending it ends what it started; it still dies with
+            # the agent (the shim's PR_SET_PDEATHSIG).
+            process_group=0,
+        )
+        if group is not None:
+            _let_in(proc, group, gate_w)
+        return proc
+    finally:
+        for fd in (gate_r, gate_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def _let_in(proc: subprocess.Popen, group: cgroups.Group, gate_w: int) -> None:
+    """Put the waiting shim in ``group``, then let it go on; when it cannot be put there, it
+    is killed (it would run without limits) and the error raised."""
+    try:
+        group.add(proc.pid)
+    except OSError:
+        proc.kill()
+        proc.wait()
+        raise
+    os.write(gate_w, b"1")
 
 
 def _passable(argv: list[str], env: dict[str, str]) -> bool:
@@ -781,14 +884,17 @@ def _passable(argv: list[str], env: dict[str, str]) -> bool:
 
 
 def _start_warm(argv: list[str], root: Path, env: dict[str, str], out_fd: int, events_out: int,
-                user: RunAs | None) -> warm.WarmProcess | None:
+                user: RunAs | None, group: cgroups.Group | None) -> warm.WarmProcess | None:
     """A fork of the agent's warm process (``agent.warm``), or None to start it cold."""
     if not _passable(argv, env):
         return None
+    # The forked process joins the group (the warm process is root) and lowers its limits
+    # before it takes the job's account; it exits without running the job when it cannot.
     return warm.pool.spawn(
         argv, cwd=str(root), env={**env, "EDT_EVENTS_FD": str(warm.EVENTS_FD)},
         fds=(out_fd, events_out), uid=user.uid if user else None,
         gid=user.gid if user else None, umask=_umask(user),
+        cgroup=group.procs_files if group is not None else [], rlimits=rlimits(user),
     )
 
 
@@ -816,16 +922,25 @@ def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str]) -> Child:
             os.fchown(out.fileno(), user.uid, owner_gid)
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {name} starting\n".encode())
         out.flush()
-        with _launch_failures(out, python):
-            argv = launch_argv(job, python)
-            proc = _start_warm(argv, root, env, out.fileno(), events_out, user) \
-                or _start_cold(argv, root, env, out, events_out, user)
+        limits = job_limits(job)
+        # A group of its own: ``job-7/driver-7``, ``job-7/slot-12``.
+        group = cgroups.create(f"job-{job.pk}/{key.replace(':', '-')}", limits)
+        try:
+            with _launch_failures(out, python):
+                argv = launch_argv(job, python)
+                proc = _start_warm(argv, root, env, out.fileno(), events_out, user, group) \
+                    or _start_cold(argv, root, env, out, events_out, user, group)
+        except BaseException:
+            if group is not None:
+                group.remove()
+            raise
     source = "driver" if name == "driver" else f"worker:{name}"
     relay = Relay(events_in, proc, job_id=job.pk, source=source, url=events_redis_url(),
                   stream=stream_name()).start()
     how = "warm" if isinstance(proc, warm.WarmProcess) else "cold"
     log.info("started %s (pid %s, %s) for job %s", name, proc.pid, how, job.pk)
-    return Child(key=key, proc=proc, log_path=log_path, root=root, relay=relay)
+    return Child(key=key, proc=proc, log_path=log_path, root=root, relay=relay, group=group,
+                 limits=limits)
 
 
 def end_all(grace_s: float = 5.0) -> None:

@@ -114,12 +114,17 @@ class WarmPool:
         return self._ready.wait(timeout)
 
     def spawn(self, argv: list[str], *, cwd: str, env: dict[str, str], fds: tuple[int, int],
-              uid: int | None, gid: int | None, umask: int | None) -> WarmProcess | None:
+              uid: int | None, gid: int | None, umask: int | None,
+              cgroup: list[str] | None = None,
+              rlimits: dict[str, int] | None = None) -> WarmProcess | None:
+        """Fork a process for ``argv``; it joins ``cgroup`` (the ``cgroup.procs`` files of its
+        group) and lowers ``rlimits`` before it takes the account ``uid``/``gid``."""
         if not self._ready.is_set() or self._sock is None:
             return None
         ident = next(self._ids)
         message = json.dumps({"id": ident, "argv": argv, "cwd": cwd, "env": env, "uid": uid,
-                              "gid": gid, "umask": umask}).encode()
+                              "gid": gid, "umask": umask, "cgroup": cgroup or [],
+                              "rlimits": rlimits or {}}).encode()
         pending = self._pending[ident] = _Pending()
         try:
             with self._lock:

@@ -120,7 +120,11 @@ def _run_worker(allocation_id: int, key: str) -> str:
         except LaunchError as exc:
             return _launch_failed(alloc, exc)
         registry.set_child(key, child)
-        result = _Watch(alloc, attempt, addr, child, beat, registry.wakeup(key)).run()
+        try:
+            result = _Watch(alloc, attempt, addr, child, beat, registry.wakeup(key)).run()
+        finally:
+            # Nothing the worker started outlives it: its cgroup is killed and removed.
+            child.end(TERM_GRACE_S)
         registry.set_child(key, None)
         child.wait_events()
         if not result.rejoin:
@@ -420,8 +424,11 @@ def _worker_failed(watch: _Watch, rc: int) -> None:
     # may grant a replacement.
     alloc = watch.alloc
     _release(alloc.pk, RELEASE_WORKER_FAILED)
+    # A limit the kernel enforced says more than the exit code it left (SIGKILL, EAGAIN).
+    limit = watch.child.limit_message(f"worker {alloc.worker_id}")
+    said = f"Worker {alloc.worker_id} exited with code {rc}"
     record_event(
-        watch.job, "worker.failed", f"Worker {alloc.worker_id} exited with code {rc}",
+        watch.job, "worker.failed", f"{limit[0].upper()}{limit[1:]}" if limit else said,
         source=f"agent:{alloc.host.name}", worker_id=alloc.worker_id, exit_code=rc,
         tail="\n".join(watch.child.tail(5)),
     )

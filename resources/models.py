@@ -137,6 +137,20 @@ class InstanceGroup(models.Model):
         validators=[MaxValueValidator(86400)],
         help_text="How long a reclaimed slot's worker may take to leave before it is forced.",
     )
+    # Each driver's and worker's limits (agent/cgroups.py); empty: the host's settings
+    # (EDT_JOB_MEMORY_LIMIT, EDT_JOB_PIDS_LIMIT).
+    memory_limit_mib = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(64)],
+        help_text="Memory of each driver and worker, in MiB (empty: the host's default).",
+    )
+    pids_limit = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(16)],
+        help_text="Processes and threads of each driver and worker (empty: the host's default).",
+    )
+    cpu_weight = models.PositiveSmallIntegerField(
+        default=100, validators=[MinValueValidator(1), MaxValueValidator(10000)],
+        help_text="CPU weight of each driver and worker (100: one slot's share).",
+    )
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

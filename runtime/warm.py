@@ -15,6 +15,9 @@ What a forked process becomes is what ``python main.py args`` started by the age
   ``PYTHONPATH``), exactly those of the request;
 - its standard output and error: the log file the agent opened; its events pipe on fd 3;
   nothing else of the warm process stays open in it, so a job cannot send requests here;
+- its control group and resource limits: it writes its own pid into the ``cgroup.procs`` files
+  the request names (as root, before it takes the job's account) and lowers the ``rlimits`` it
+  names, so none of the job's code runs outside them; one that cannot join exits at once (71);
 - its own process group, killed with the warm process (``PR_SET_PDEATHSIG``), which itself
   ends when the agent's end of the socket closes;
 - its exit code: what the interpreter would exit with (1 after a traceback, 2 when the main
@@ -25,7 +28,9 @@ one JSON object per message, the log and events descriptors passed with ``SCM_RI
 Nothing outside the agent can reach that socket: it has no name.
 
     agent -> {"id": 7, "argv": [python, main, *args], "cwd": ..., "env": {...},
-              "uid": 200001, "gid": 200001, "umask": 7}   + fds [log, events]
+              "uid": 200001, "gid": 200001, "umask": 7,
+              "cgroup": [".../edt/job-7/slot-12/cgroup.procs"],
+              "rlimits": {"RLIMIT_NPROC": 8192}}   + fds [log, events]
     warm  -> {"id": 7, "pid": 4242}  or  {"id": 7, "error": "..."}
     warm  -> {"exited": 4242, "returncode": 0}            (later, once per process)
 
@@ -179,6 +184,21 @@ def _take_fds(fds: list[int]) -> None:
         os.close(null)
 
 
+def _take_limits(request: dict[str, Any]) -> None:
+    """Join the process's control group (in every hierarchy) while still root, and lower its
+    resource limits: an OSError here ends the process before any of the job's code runs."""
+    for procs in request.get("cgroup") or ():
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    import resource
+
+    for name, value in (request.get("rlimits") or {}).items():
+        which = getattr(resource, name)
+        hard = resource.getrlimit(which)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+
 def _take_account(request: dict[str, Any]) -> None:
     uid, gid = request.get("uid"), request.get("gid")
     if uid is not None:
@@ -196,7 +216,8 @@ def become(request: dict[str, Any], fds: list[int], base_path: list[str]) -> str
     """Turn this forked child into the job's process; returns the main file to run."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.setpgid(0, 0)
-    _take_fds(fds)
+    _take_fds(fds)  # first: what goes wrong next is said in the job's log
+    _take_limits(request)
     _take_account(request)
     os.chdir(request["cwd"])
     os.environ.clear()
