@@ -39,7 +39,6 @@ import os
 import pwd
 import re
 import shlex
-import shutil
 import signal
 import stat
 import subprocess
@@ -56,6 +55,7 @@ from django.conf import settings
 from agent import cgroups, warm
 from agent.relay import Relay, events_pipe
 from events.publish import stream_name
+from jobs import jobwrites
 from jobs.jobfiles import LOG_FOLDER, job_folders, open_beneath
 from jobs.models import TrainingJob
 from jobs.validation import is_reserved_env
@@ -387,7 +387,8 @@ def _account_name(uid: int) -> str:
 
 # --- safe file system work in folders a job owns -------------------------------------------
 
-_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Where WMLA keeps the code a job ran with, in its result folder.
+CODE_FOLDER = "_submitted_code"
 
 
 def _fix(fd: int, uid: int, gid: int, dir_mode: int | None,
@@ -404,27 +405,11 @@ def _fix(fd: int, uid: int, gid: int, dir_mode: int | None,
 def hand_over(top: Path, *, uid: int, gid: int, dir_mode: int | None = None,
               file_mode: Callable[[int], int] | None = None) -> None:
     """Give ``top`` and everything under it to ``uid``:``gid`` (-1 keeps one), set folders to
-    ``dir_mode`` and files to ``file_mode(mode)``. Links are skipped, never followed; every
-    change goes through a file descriptor, so a job swapping entries cannot redirect it."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    for _dirpath, dirnames, filenames, dir_fd in os.fwalk(top, follow_symlinks=False):
-        for name in (*filenames, *dirnames):
-            try:
-                fd = os.open(name, flags, dir_fd=dir_fd)
-            except OSError:
-                continue  # a link (ELOOP), a socket, or gone
-            try:
-                _fix(fd, uid, gid, dir_mode, file_mode)
-            except OSError as exc:
-                log.warning("cannot hand %s/%s over: %s", _dirpath, name, exc)
-            finally:
-                os.close(fd)
-    # The top last: when it is right, an earlier walk finished.
-    fd = os.open(top, _NOFOLLOW_DIR)
-    try:
-        _fix(fd, uid, gid, dir_mode, file_mode)
-    finally:
-        os.close(fd)
+    ``dir_mode`` and files to ``file_mode(mode)``. Through descriptors only
+    (``jobs.jobwrites.change_tree``): links, devices and files with a second name (a hard link
+    the job made to a file of the host's) are left alone; the top comes last, so when it is
+    right an earlier walk finished."""
+    jobwrites.change_tree(top, lambda fd, _folder: _fix(fd, uid, gid, dir_mode, file_mode))
 
 
 def enterable_not_listable(folder: Path) -> None:
@@ -484,31 +469,31 @@ def grant_uploads(job: TrainingJob, user: RunAs) -> None:
 
 
 def _not_code(folder: str, names: list[str]) -> set[str]:
-    """What a copy of the model's code leaves out: caches, and anything but files, folders and
-    links (a FIFO would hang the copy, a device has no place there)."""
-    skipped = {"__pycache__"}
-    for name in names:
-        try:
-            mode = os.lstat(os.path.join(folder, name)).st_mode
-        except OSError:
-            skipped.add(name)
-            continue
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
-            skipped.add(name)
-    return skipped
+    """What a copy of the model's code leaves out of each folder: caches. (Anything but
+    folders, plain files and links is left out by the copy itself, looked at on descriptors.)"""
+    return {"__pycache__"} & set(names)
 
 
-def _copy_code(location: Path, code: Path) -> None:
-    """Copy the model's code beside the results. Links are copied as links, never followed:
-    the agent (root) must not copy a file the model's owner could not read into a folder the
-    job owns. A copy that fails is a missing convenience, not a failed launch."""
+def _copy_code(location: Path, root: Path) -> None:
+    """Keep the model's code beside the results, as WMLA does: a copy of the model folder in
+    ``$RESULT_DIR/_submitted_code/<model folder>/``, made once per job. The job owns that
+    place, so the copy goes through descriptors (``jobs.jobwrites.copy_tree``): a folder the
+    job swaps for a link or renames mid-way cannot send a byte elsewhere. Links in the model's
+    folder are kept as links, never followed: the agent (root) must not copy a file the
+    model's owner could not read. A copy that fails is a missing convenience, not a failed
+    launch."""
+    if not location.is_dir():
+        return
     try:
-        shutil.copytree(location, code, symlinks=True, ignore=_not_code)
-    except (OSError, shutil.Error) as exc:
+        jobwrites.copy_tree(location, root, (CODE_FOLDER, location.name), skip=_not_code)
+    except OSError as exc:
         log.warning("the code of %s was not kept beside the results: %s", location, exc)
 
 
 def prepare_job_dir(job: TrainingJob, user: RunAs | None) -> Path:
+    """The job's result folder, ready for its processes and handed to ``user``. The folder
+    and those above it are the service's; everything in it may be the job's from an earlier
+    launch, so in it the agent works through descriptors only (``jobs.jobwrites``)."""
     dirs = job_dirs(job)
     root = Path(dirs["RESULT_DIR"])
     if user is not None and user.isolated:
@@ -516,18 +501,10 @@ def prepare_job_dir(job: TrainingJob, user: RunAs | None) -> Path:
         # The result root: every job's account may enter it, none may list the jobs.
         enterable_not_listable(root.parent)
     root.mkdir(parents=True, exist_ok=True)
-    for key in ("LOG_DIR", "CHECKPOINT_DIR", "SAVED_MODEL_DIR"):
-        sub = Path(dirs[key])
-        if sub.parent == root and not sub.is_symlink():
-            sub.mkdir(exist_ok=True)
-    if not (root / "tmp").is_symlink():
-        (root / "tmp").mkdir(exist_ok=True)
-    # WMLA keeps the code a job ran with beside its results (not through a link the job made).
-    submitted = root / "_submitted_code"
-    code = submitted / Path(job.model.location).name
-    if (not submitted.is_symlink() and not code.is_symlink() and not code.exists()
-            and Path(job.model.location).is_dir()):
-        _copy_code(Path(job.model.location), code)
+    folders = [Path(dirs[key]).name for key in ("LOG_DIR", "CHECKPOINT_DIR", "SAVED_MODEL_DIR")
+               if Path(dirs[key]).parent == root]
+    jobwrites.make_folders(root, [*folders, "tmp"])
+    _copy_code(Path(job.model.location), root)
     if user is not None and user.isolated:
         hand_over(root, uid=user.uid, gid=service_gid(), dir_mode=0o2770,
                   file_mode=_private_file)

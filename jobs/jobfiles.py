@@ -8,7 +8,9 @@ and what was opened is checked on its descriptor (``fstat``). Only the result fo
 trusted: it and the folders above it belong to the service, not to the job.
 
 Every read of a job's folder by the console, the APIs, the event consumer and the agent goes
-through here, as do the agent's and the event consumer's writes of log files there. Where a
+through here, as do the agent's and the event consumer's writes of log files there; every other
+change a privileged process makes there (folders made, the model's code copied in, owners and
+modes handed over) goes through its sibling ``jobs.jobwrites``, by the same rule. Where a
 job's result folder is (``result_folder``) and how it is laid out (``job_folders``) is said here
 only.
 """

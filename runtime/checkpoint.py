@@ -205,9 +205,12 @@ def _open_fence(checkpoint_dir: str, flags: int) -> int:
         fd = os.open(FENCE_FILE, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    # A second name may be the job's hard link to a file of the host's, which the agent (root)
+    # would otherwise truncate and write.
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         os.close(fd)
-        raise OSError(f"{checkpoint_dir}/{FENCE_FILE} is not a plain file")
+        raise OSError(f"{checkpoint_dir}/{FENCE_FILE} is not a plain file with one name")
     return fd
 
 

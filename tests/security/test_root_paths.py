@@ -1,0 +1,227 @@
+"""A job cannot make the root agent write, change or open anything outside the job's folder.
+
+The job's account owns everything below its result folder, so it can swap any folder there
+for a link, or rename it away, at any moment: also in the middle of the agent's work. The
+folder the links point at stands in for the product's ``site-packages``: the test owns it, the
+job cannot write to it. Each path the agent (or the event consumer) takes through a job's
+folder as root is raced here, once at a chosen moment (a hook between two copies, so the race
+is won every time) and once by a real process running as the job's account that swaps and
+renames in a loop while the agent works. Nothing may ever land in, or change, the test's folder;
+the agent's work either completes in the real folder (wherever the job moved it) or fails
+cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent import processes
+from agent.processes import RunAs, prepare_job_dir
+from runtime import checkpoint
+from tests.security.test_result_links import _job_account
+
+JOB_UID = 200_123
+ROUNDS = 100
+FILES = 40
+
+# The model's code: files before and after a package, a package two folders deep, and the
+# ".pth" a job would like to see in site-packages.
+SOURCE = {
+    "a.py": "A = 1\n",
+    "pkg/__init__.py": "",
+    "pkg/one.py": "ONE = 1\n",
+    "pkg/sub/evil.pth": "import os; os.system('id')\n",
+    "pkg/sub/two.py": "TWO = 2\n",
+    "z.py": "Z = 1\n",
+}
+# The folders of the copy the job swaps: the copies' folder, the copy, a folder in it.
+SWAPPED = ("_submitted_code", "_submitted_code/{code}", "_submitted_code/{code}/pkg")
+
+
+def _user() -> RunAs | None:
+    return RunAs(JOB_UID, JOB_UID, "edt-user-test", isolated=True) if os.geteuid() == 0 else None
+
+
+@pytest.fixture
+def source(job) -> Path:
+    location = Path(job.model.location)
+    for rel, text in SOURCE.items():
+        (location / rel).parent.mkdir(parents=True, exist_ok=True)
+        (location / rel).write_text(text)
+    return location
+
+
+@pytest.fixture
+def site_packages(tmp_path: Path):
+    """The test's own folder, where nothing of the job's may ever land; checked at the end."""
+    folder = tmp_path / "site-packages"
+    folder.mkdir(mode=0o755)
+    before = os.stat(folder)
+    yield folder
+    assert os.listdir(folder) == [], "the agent wrote into a folder the job cannot write"
+    after = os.stat(folder)
+    assert (after.st_uid, after.st_gid, after.st_mode, after.st_mtime_ns) == (
+        before.st_uid, before.st_gid, before.st_mode, before.st_mtime_ns
+    ), "the agent changed a folder the job cannot write"
+
+
+def _swap(folder: Path, target: Path) -> Path:
+    """What the job does: rename ``folder`` away and put a link to ``target`` in its place."""
+    moved = folder.with_name(folder.name + ".moved")
+    os.rename(folder, moved)
+    os.symlink(target, folder)
+    return moved
+
+
+def _copied(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("swapped", SWAPPED)
+def test_a_folder_swapped_for_a_link_between_two_copies_takes_nothing_outside(
+    job, source, site_packages, monkeypatch, swapped
+):
+    result = Path(job.result_dir)
+    code = source.name
+    folder = result / swapped.format(code=code)
+    real_skip = processes._not_code
+    moved: list[Path] = []
+
+    def swap_then_skip(path: str, names: list[str]):
+        # Called as the copy reaches pkg/sub: a.py or z.py and pkg/one.py may be copied, the
+        # rest not yet. The job swaps its folder exactly then.
+        if path.endswith("pkg/sub") and not moved:
+            moved.append(_swap(folder, site_packages))
+        return real_skip(path, names)
+
+    monkeypatch.setattr(processes, "_not_code", swap_then_skip)
+    expected = _copied(source)
+    prepare_job_dir(job, _user())
+    assert moved, "the copy never reached the moment of the swap"
+    # The copy completed in the real folders, wherever the job renamed them.
+    if swapped == "_submitted_code":
+        got = _copied(moved[0] / code)
+    elif swapped.endswith("pkg"):
+        got = {k.replace("pkg.moved/", "pkg/", 1): v
+               for k, v in _copied(result / "_submitted_code" / code).items()}
+    else:
+        got = _copied(moved[0])
+    assert got == expected
+
+
+@pytest.mark.django_db
+def test_the_copy_does_not_follow_a_link_in_the_models_folder(job, source, site_packages):
+    # The model's owner links a folder of the test's into his model: the copy keeps the link
+    # as a link and writes nothing through it (nor reads through it).
+    (site_packages.parent / "private").mkdir()
+    (site_packages.parent / "private" / "secret").write_text("SECRET")
+    os.symlink(site_packages.parent / "private", source / "linked")
+    root = prepare_job_dir(job, _user())
+    kept = root / "_submitted_code" / source.name
+    assert (kept / "linked").is_symlink()
+    assert _copied(kept) == _copied(source)
+    assert "SECRET" not in "".join(_copied(kept).values())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["log", "checkpoint", "tmp", "_submitted_code"])
+def test_a_link_planted_where_the_agent_makes_a_folder_is_replaced_not_followed(
+    job, source, site_packages, name
+):
+    result = Path(job.result_dir)
+    result.mkdir(parents=True)
+    os.symlink(site_packages, result / name)
+    root = prepare_job_dir(job, _user())
+    assert (root / name).is_dir() and not (root / name).is_symlink()
+
+
+@pytest.mark.django_db
+def test_handing_the_folder_over_never_changes_a_file_with_a_second_name(
+    job, source, tmp_path
+):
+    if os.geteuid() != 0:
+        pytest.skip("only root hands a folder over to another account")
+    # A file of the host's (root's) the job made a second name for in its folder, as
+    # protected_hardlinks allows for a file it may write, or always where it is off.
+    host_file = tmp_path / "host-file"
+    host_file.write_text("host\n")
+    host_file.chmod(0o644)
+    result = Path(job.result_dir)
+    (result / "log").mkdir(parents=True)
+    os.link(host_file, result / "log" / "stolen")
+    prepare_job_dir(job, _user())
+    st = host_file.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o644)
+
+
+@pytest.mark.django_db
+def test_the_fence_is_never_written_through_a_second_name(job, tmp_path):
+    host_file = tmp_path / "host-file"
+    host_file.write_text("host\n")
+    folder = Path(job.result_dir) / "checkpoint"
+    folder.mkdir(parents=True)
+    os.link(host_file, folder / checkpoint.FENCE_FILE)
+    with pytest.raises(OSError):
+        checkpoint.advance_fence(str(folder), 3)
+    assert host_file.read_text() == "host\n"
+
+
+# --- the same, raced by a real process of the job's account, in a loop ----------------------
+
+SWAPPER = r"""
+import os, sys
+# It works only through a descriptor on its result folder, as a job inside it would.
+root, target, names = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+print("ready", flush=True)
+i = 0
+while not os.path.lexists(f"/proc/self/fd/{root}/stop"):
+    i += 1
+    for rel in names:
+        try:
+            os.rename(rel, f"{rel}.{i}", src_dir_fd=root, dst_dir_fd=root)
+            os.symlink(target, rel, dir_fd=root)
+            os.stat(f"/proc/self/fd/{root}/{rel}", follow_symlinks=False)  # a moment longer
+            os.unlink(rel, dir_fd=root)  # the next launch copies again
+        except OSError:
+            pass
+print(i, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_a_job_swapping_and_renaming_in_a_loop_never_gets_a_write_outside(
+    job, source, site_packages
+):
+    for i in range(FILES):  # a longer copy: more moments for the job to swap in
+        (source / "pkg" / f"m{i:03}.py").write_text(f"M = {i}\n")
+    user = _user()
+    root = prepare_job_dir(job, user)
+    python, account = _job_account()
+    names = [s.format(code=source.name) for s in SWAPPED]
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        proc = subprocess.Popen([python, "-I", "-S", "-c", SWAPPER, str(fd), str(site_packages),
+                                 *names], cwd="/", stdin=subprocess.DEVNULL, pass_fds=(fd,),
+                                stdout=subprocess.PIPE, **account)
+    finally:
+        os.close(fd)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        for _ in range(ROUNDS):
+            try:
+                prepare_job_dir(job, user)
+            except OSError:
+                pass  # failing cleanly is allowed: writing outside is not
+            assert os.listdir(site_packages) == []
+    finally:
+        (root / "stop").touch()
+        out, _ = proc.communicate(timeout=30)
+    assert int(out.split()[-1]) > ROUNDS, "the job's swapper hardly ran"
+
