@@ -7,8 +7,25 @@ each event to the events stream with what the agent knows rather than what the p
 says: ``job_id`` is the job it started the process for, and ``source`` is ``driver`` or
 ``worker:<worker id>``. A line that is not a JSON object of a type the runtime documents
 (``runtime.events.RUNTIME_TYPES``: never an allocation, a scheduler or an agent event), or
-that is longer than ``runtime.events.MAX_EVENT_BYTES``, is dropped and counted; a process's
-first dropped line is logged, and how many were dropped when it ends.
+that is longer than ``EDT_EVENTS_MAX_BYTES``, is dropped and counted; a process's first dropped
+line is logged, and how many were dropped when it ends.
+
+Fair share (:class:`Limits`, from settings): each process has a token bucket per kind of event.
+Metrics (``metrics.train``, ``metrics.test``) and log lines over their rate are dropped: they
+are samples of a curve and of an output, and a job that sends thousands a second loses only
+detail. Every other type (``epoch.end``, ``job.state``, ``error``, ``checkpoint.*``,
+``worker.*``, ``generation.changed``, ...) is never dropped here: the supervisor, the job's
+page and its history rely on each one. Over their rate, the relay reads that process's pipe
+more slowly instead, so the backlog piles up in the job's own process (whose queue keeps its
+newest ``runtime.events.BUFFER_MAX``), never in anyone else's. Every ``EDT_EVENTS_DROP_REPORT_S``
+while a process loses events, the job's log gets a line saying how many and why, and its page
+an ``events.dropped`` event, both from the agent (``agent:<host>``).
+
+The stream is trimmed by its consumer, only up to what every consumer group has read and
+acknowledged (``run_events``): one job's events can no longer push another's out unread. The
+relay reads the stream's length with each batch it sends; while more than
+``EDT_EVENTS_BACKLOG_HIGH`` entries wait (a consumer down or far behind), every process is held
+to ``EDT_EVENTS_BEHIND_PER_S`` of each kind, which an honest job's few events a second fit in.
 
 Publishing goes through the runtime's own :class:`runtime.events.RedisSink`: in order, kept in
 memory while Redis is away, each event once. The thread ends shortly after its process: at the
@@ -25,14 +42,18 @@ import logging
 import math
 import os
 import select
+import socket
 import subprocess
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from runtime.events import MAX_EVENT_BYTES, RUNTIME_TYPES, RedisSink
+from django.conf import settings
+
+from runtime.events import RUNTIME_TYPES, RedisSink
 
 log = logging.getLogger("edt.execution")
 
@@ -41,6 +62,83 @@ DRAIN_S = 2.0
 # How long the events of an ended process may wait for an unreachable Redis.
 FLUSH_S = 60.0
 _POLL_MS = 500
+
+# The kinds that are sampled when a process sends too many: each event counts on its own.
+DROPPABLE = {"metrics.train": "metric", "metrics.test": "metric", "log": "log"}
+_KIND_WORDS = {"metric": "metric events", "log": "log lines"}
+_LINE_WHY = {"not JSON": "not JSON", "type not relayed": "not an event a job may send"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one process may send, per kind (``metric``, ``log``, ``other``): a rate per second
+    (0: no limit) and a burst; the longest event; when the stream counts as behind."""
+
+    per_s: dict[str, float]
+    burst: dict[str, float]
+    max_bytes: int
+    backlog_high: int
+    behind_per_s: float
+    stream_max: int
+    report_s: float
+
+    @classmethod
+    def from_settings(cls) -> Limits:
+        def get(name: str, default: int) -> int:
+            return int(getattr(settings, name, default))
+
+        return cls(
+            per_s={"metric": get("EDT_EVENTS_METRICS_PER_S", 200),
+                   "log": get("EDT_EVENTS_LOG_LINES_PER_S", 200),
+                   "other": get("EDT_EVENTS_OTHER_PER_S", 50)},
+            burst={"metric": get("EDT_EVENTS_METRICS_BURST", 2000),
+                   "log": get("EDT_EVENTS_LOG_LINES_BURST", 5000),
+                   "other": get("EDT_EVENTS_OTHER_BURST", 500)},
+            max_bytes=get("EDT_EVENTS_MAX_BYTES", 64 * 1024),
+            backlog_high=get("EDT_EVENTS_BACKLOG_HIGH", 100_000),
+            behind_per_s=get("EDT_EVENTS_BEHIND_PER_S", 5),
+            stream_max=get("EDT_EVENTS_STREAM_MAX", 1_000_000),
+            report_s=get("EDT_EVENTS_DROP_REPORT_S", 10),
+        )
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved up; both given at each take, so a
+    bucket tightens at once when the stream falls behind."""
+
+    def __init__(self, burst: float) -> None:
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+
+    def take(self, rate: float, burst: float) -> float:
+        """0 when a token was taken; else the seconds until there is one."""
+        if rate <= 0:
+            return 0.0
+        now = time.monotonic()
+        self.tokens = min(float(burst), self.tokens + (now - self.stamp) * rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / rate
+
+
+class StreamSink(RedisSink):
+    """The runtime's sink, adding to the stream without trimming what is unread (the consumer
+    trims; ``stream_max`` only guards Redis's memory) and reading its length with each batch."""
+
+    def __init__(self, url: str, stream: str, stream_max: int) -> None:
+        self.stream_max = stream_max
+        self.length = 0  # of the stream after the last batch sent
+        super().__init__(url, stream)
+
+    def _publish(self, batch: list[tuple[int, str]]) -> None:
+        todo = batch if self._uncertain is None else self._unsent(batch, self._uncertain)
+        pipe = self.client.pipeline(transaction=False)
+        for _, data in todo:
+            pipe.xadd(self.stream, {"data": data}, maxlen=self.stream_max, approximate=True)
+        pipe.xlen(self.stream)
+        self.length = int(pipe.execute()[-1])
 
 
 @contextlib.contextmanager
@@ -68,15 +166,20 @@ class Relay:
     ``source``, until the process ends."""
 
     def __init__(self, read_fd: int, proc: subprocess.Popen, *, job_id: int, source: str,
-                 url: str, stream: str) -> None:
+                 url: str, stream: str, limits: Limits | None = None) -> None:
         self.fd = read_fd
         self.proc = proc
         self.job_id = str(job_id)  # as the runtime writes it
         self.source = source
         self.target = (url, stream)
-        self.sink: RedisSink | None = None
+        self.limits = limits or Limits.from_settings()
+        self.buckets = {kind: TokenBucket(b) for kind, b in self.limits.burst.items()}
+        self.sink: StreamSink | None = None
         self.relayed = 0
         self.dropped: Counter[str] = Counter()
+        # What was dropped since the job's log last said so, and since when.
+        self.unreported: Counter[str] = Counter()
+        self.unreported_since = 0.0
         self.skipping = False  # inside a line that is too long
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True,
@@ -92,12 +195,13 @@ class Relay:
 
     def _run(self) -> None:
         try:
-            self.sink = RedisSink(*self.target)
+            self.sink = StreamSink(*self.target, self.limits.stream_max)
             self._read()
         except Exception:  # noqa: BLE001 - a relay must never take the agent down
             log.exception("events of job %s %s: relay failed", self.job_id, self.source)
         finally:
             os.close(self.fd)  # a process still writing gets EPIPE, and its events go nowhere
+            self._report(final=True)
             if self.dropped:
                 log.warning("events of job %s %s: %d relayed, dropped %s", self.job_id,
                             self.source, self.relayed, dict(sorted(self.dropped.items())))
@@ -113,6 +217,7 @@ class Relay:
         while until is None or time.monotonic() < until:
             if until is None and self.proc.poll() is not None:
                 until = time.monotonic() + DRAIN_S
+            self._report()
             if not poller.poll(_POLL_MS):
                 continue
             chunk = os.read(self.fd, 65536)
@@ -124,7 +229,7 @@ class Relay:
                     self.skipping = False  # the end of a line dropped as too long
                 else:
                     self._relay(line)
-            if len(buf) > MAX_EVENT_BYTES:
+            if len(buf) > self.limits.max_bytes:
                 # The rest of this line is read but not kept.
                 if not self.skipping:
                     self._drop("too long", buf)
@@ -134,7 +239,7 @@ class Relay:
     def _relay(self, line: bytes) -> None:
         if not line.strip():
             return
-        if len(line) > MAX_EVENT_BYTES:
+        if len(line) > self.limits.max_bytes:
             self._drop("too long", line)
             return
         try:
@@ -145,9 +250,33 @@ class Relay:
         if not isinstance(event, dict) or event.get("type") not in RUNTIME_TYPES:
             self._drop("type not relayed", line)
             return
+        if not self._admit(DROPPABLE.get(event["type"], "other")):
+            return
         if self.sink is not None:  # made before the first read
             self.sink.put(json.dumps(self._stamped(event), default=str))
             self.relayed += 1
+
+    def _behind(self) -> bool:
+        return self.sink is not None and self.sink.length >= self.limits.backlog_high
+
+    def _admit(self, kind: str) -> bool:
+        """Take a token for an event of ``kind``. A metric or log line without one is dropped
+        (and counted for the job's log); any other event waits for its token: this thread
+        then reads the pipe no faster than the limit, and the job's own queue takes the rest."""
+        while True:
+            behind = self._behind()
+            rate, burst = self.limits.per_s[kind], self.limits.burst[kind]
+            if behind:
+                rate, burst = self.limits.behind_per_s, max(1.0, self.limits.behind_per_s)
+            wait = self.buckets[kind].take(rate, burst)
+            if not wait:
+                return True
+            if kind != "other":
+                why = f"{kind} behind" if behind else f"{kind} rate"
+                self.dropped[why] += 1
+                self._count(why)
+                return False
+            time.sleep(wait)
 
     def _stamped(self, event: dict[str, Any]) -> dict[str, Any]:
         """The event as the agent vouches for it: its job and source, whatever it said."""
@@ -158,6 +287,53 @@ class Relay:
 
     def _drop(self, why: str, line: bytes) -> None:
         self.dropped[why] += 1
+        self._count(why)
         if sum(self.dropped.values()) == 1:
             log.warning("events of job %s %s: dropping a line (%s): %r", self.job_id,
                         self.source, why, line[:200])
+
+    # --- telling the job what it lost -----------------------------------------------------
+
+    def _count(self, why: str) -> None:
+        if not self.unreported:
+            self.unreported_since = time.monotonic()
+        self.unreported[why] += 1
+
+    def _why(self, why: str) -> tuple[str, str]:
+        """What was dropped for ``why``, and the reason in words."""
+        kind, _, cause = why.partition(" ")
+        if cause == "rate":
+            return _KIND_WORDS[kind], f"over the limit of {self.limits.per_s[kind]:g} events/s"
+        if cause == "behind":
+            return _KIND_WORDS[kind], (
+                f"over the limit of {self.limits.behind_per_s:g} events/s while the event "
+                f"stream is behind ({self.sink.length if self.sink else 0:,} entries unread)")
+        if why == "too long":
+            return "lines", f"longer than {self.limits.max_bytes:,} bytes"
+        return "lines", _LINE_WHY.get(why, why)
+
+    def _report(self, final: bool = False) -> None:
+        """Every ``report_s`` while events are dropped, and once at the end: a line in the
+        agent's log and the job's, and an ``events.dropped`` event on the job's page."""
+        elapsed = time.monotonic() - self.unreported_since
+        if not self.unreported or (elapsed < self.limits.report_s and not final):
+            return
+        who = f"job {self.job_id} {self.source.replace(':', ' ', 1)}"
+        counts, self.unreported = dict(self.unreported), Counter()
+        texts = []
+        for why, n in sorted(counts.items()):
+            what, because = self._why(why)
+            texts.append(f"{who}: {n:,} {what} dropped in the last {max(1, round(elapsed))} s: "
+                         f"{because}")
+        for text in texts:
+            log.warning("%s", text)
+        if self.sink is None:
+            return
+        agent = f"agent:{socket.gethostname()}"
+        base = {"job_id": self.job_id, "source": agent}
+        for text in texts:
+            self.sink.put(json.dumps({**base, "type": "log", "ts": time.time(),
+                                      "stream": "stderr", "line": text}))
+        self.sink.put(json.dumps({**base, "type": "events.dropped", "ts": time.time(),
+                                  "process": self.source, "dropped": counts,
+                                  "message": "; ".join(texts)}))

@@ -235,6 +235,25 @@ EDT_DEFAULT_MAX_RESTARTS = env_int("EDT_DEFAULT_MAX_RESTARTS", 5)
 # agent runs as root; WMLA's FABRIC_HOME with libs/fabric.zip.
 EDT_REDIS_PREFIX = os.environ.get("EDT_REDIS_PREFIX", "edt")
 EDT_EVENTS_REDIS_URL = os.environ.get("EDT_EVENTS_REDIS_URL") or None
+# Fair share of the events path (agent.relay): what one process of a job may send, per second
+# with a burst. Metrics and log lines over their limit are dropped (and the job's log says so);
+# every other event is never dropped, only read more slowly (the job's own queue overflows,
+# not anyone else's). The runtime sends a metrics event a second (EDT_METRICS_INTERVAL_S).
+EDT_EVENTS_METRICS_PER_S = env_int("EDT_EVENTS_METRICS_PER_S", 200)
+EDT_EVENTS_METRICS_BURST = env_int("EDT_EVENTS_METRICS_BURST", 2000)
+EDT_EVENTS_LOG_LINES_PER_S = env_int("EDT_EVENTS_LOG_LINES_PER_S", 200)
+EDT_EVENTS_LOG_LINES_BURST = env_int("EDT_EVENTS_LOG_LINES_BURST", 5000)
+EDT_EVENTS_OTHER_PER_S = env_int("EDT_EVENTS_OTHER_PER_S", 50)
+EDT_EVENTS_OTHER_BURST = env_int("EDT_EVENTS_OTHER_BURST", 500)
+EDT_EVENTS_MAX_BYTES = env_int("EDT_EVENTS_MAX_BYTES", 64 * 1024)
+# The consumer trims only what it has read; when this many entries wait unread all the same,
+# every process is held to EDT_EVENTS_BEHIND_PER_S of each kind until the consumer catches up.
+EDT_EVENTS_BACKLOG_HIGH = env_int("EDT_EVENTS_BACKLOG_HIGH", 100_000)
+EDT_EVENTS_BEHIND_PER_S = env_int("EDT_EVENTS_BEHIND_PER_S", 5)
+# Redis's memory, the last resort with no consumer at all: past this length XADD trims.
+EDT_EVENTS_STREAM_MAX = env_int("EDT_EVENTS_STREAM_MAX", 1_000_000)
+# How often a job's log says how many of its events were dropped.
+EDT_EVENTS_DROP_REPORT_S = env_int("EDT_EVENTS_DROP_REPORT_S", 10)
 EDT_RUN_AS_USER = os.environ.get("EDT_RUN_AS_USER", "")
 # Isolation between users, on by default wherever the agent runs as root: a job runs as
 # uid = gid = this + its owner's id (no passwd entry needed; the range from 200000 up is one no
@@ -254,21 +273,6 @@ EDT_USER_PYTHON = os.environ.get("EDT_USER_PYTHON", "")
 # already (agent/warm.py): a process starts in milliseconds instead of seconds. Off: each starts
 # a new interpreter.
 EDT_WARM_PROCESSES = env_bool("EDT_WARM_PROCESSES", True)
-# Per-process limits by the kernel (agent/cgroups.py): a root agent puts each driver and worker
-# in a control group of its own with these limits (an instance group may set its own), and ends
-# the whole group when the process is ended. EDT_CGROUPS=false turns it off; EDT_CGROUP_PARENT
-# names the cgroup v2 folder delegated to the agent (default: its own group). Memory per
-# process, in bytes (0: nine tenths of the host's memory); processes and threads per process
-# (0: none); each job account's processes on the host (RLIMIT_NPROC, a backstop).
-EDT_CGROUPS = env_bool("EDT_CGROUPS", True)
-EDT_CGROUP_PARENT = os.environ.get("EDT_CGROUP_PARENT", "")
-EDT_JOB_MEMORY_LIMIT = env_int("EDT_JOB_MEMORY_LIMIT", 0)
-EDT_JOB_PIDS_LIMIT = env_int("EDT_JOB_PIDS_LIMIT", 1024)
-EDT_JOB_NPROC_LIMIT = env_int("EDT_JOB_NPROC_LIMIT", 8192)
-# What one user's jobs may keep in their result folders, in bytes (0: no quota). A job that
-# takes its owner past it is stopped (FAILED, saying so); no one file of a job grows past it
-# (RLIMIT_FSIZE).
-EDT_RESULTS_QUOTA_BYTES = env_int("EDT_RESULTS_QUOTA_BYTES", 100 * 1024**3)
 EDT_SCHEDULER_LOCK_TTL_S = env_int("EDT_SCHEDULER_LOCK_TTL_S", 10)
 EDT_CPU_ONLY_HIDE_GPUS = env_bool("EDT_CPU_ONLY_HIDE_GPUS", True)
 # The address job drivers listen on. Empty: the host's registered address (--address of the

@@ -21,8 +21,12 @@ from config.control_plane import redis_client
 
 log = logging.getLogger(__name__)
 
-# Redis trims the stream to about this many entries; the consumer reads far faster than that.
-STREAM_MAXLEN = 100_000
+
+def stream_max() -> int:
+    """The length past which XADD trims the stream: a guard of Redis's memory for when no
+    consumer reads at all. The consumer trims what it has read (``run_events``), so below this
+    no one's unread event is ever trimmed."""
+    return int(getattr(settings, "EDT_EVENTS_STREAM_MAX", 1_000_000))
 
 
 def stream_name() -> str:
@@ -47,7 +51,7 @@ def publish(type: str, job_id: int | str, source: str, **fields: Any) -> dict[st
     def send() -> None:
         try:
             redis_client().xadd(
-                stream_name(), {"data": data}, maxlen=STREAM_MAXLEN, approximate=True
+                stream_name(), {"data": data}, maxlen=stream_max(), approximate=True
             )
         except redis.RedisError as exc:
             # The database holds the truth; a page that missed the event catches up on reload.

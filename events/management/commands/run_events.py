@@ -1,7 +1,11 @@
 """Read the event stream as a consumer group and ingest every event (at least once).
 
 A message is acknowledged only after it was ingested, so a crash re-reads it (ingest is
-idempotent). On start the consumer first re-reads its own pending messages, then new ones.
+idempotent). After each batch the stream is trimmed up to the oldest entry some consumer group
+has not read or not acknowledged (``XTRIM MINID``, Redis 6.2 and later), and nowhere else below
+``EDT_EVENTS_STREAM_MAX``: a flood of one job's events can no longer trim another's unread.
+
+On start the consumer first re-reads its own pending messages, then new ones.
 A lost Redis connection is retried with backoff; a Redis that restarted empty (no stream, no
 group) gets the group recreated from the beginning of whatever the stream holds.
 """
@@ -22,6 +26,7 @@ from django.core.management.base import BaseCommand
 from django.db import InterfaceError, OperationalError, close_old_connections
 
 from events.ingest import ingest_many
+from events.logs import stream_id
 from events.publish import stream_name
 
 log = logging.getLogger("events.run_events")
@@ -164,7 +169,31 @@ class StreamReader:
         close_old_connections()
         ingest_many(items)
         client.xack(self.stream, self.group, *[mid for mid, _ in items])
+        self._trim(client)
         return len(items)
+
+    def _trim(self, client: redis.Redis) -> None:
+        """Drop the entries every consumer group has read and acknowledged: below each group's
+        oldest pending entry and its last delivered one (which stays, as trimming to an id
+        keeps that id). Approximate, so Redis removes whole nodes only, never past the mark."""
+        floor = None
+        for group in client.xinfo_groups(self.stream):
+            mark = _text(group["last-delivered-id"])
+            if group["pending"]:
+                first = client.xpending(self.stream, group["name"]).get("min")
+                if first is not None:
+                    mark = min(mark, _text(first), key=_order)
+            floor = mark if floor is None else min(floor, mark, key=_order)
+        if floor is not None and _order(floor) > (0, 0):
+            client.xtrim(self.stream, minid=floor, approximate=True)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _order(value: str) -> tuple[int, int]:
+    return stream_id(value) or (0, 0)
 
 
 def _decode(message_id: bytes | str, fields: dict[bytes, bytes] | None) -> tuple[str, Any]:
