@@ -273,6 +273,21 @@ EDT_USER_PYTHON = os.environ.get("EDT_USER_PYTHON", "")
 # already (agent/warm.py): a process starts in milliseconds instead of seconds. Off: each starts
 # a new interpreter.
 EDT_WARM_PROCESSES = env_bool("EDT_WARM_PROCESSES", True)
+# Per-process limits by the kernel (agent/cgroups.py): a root agent puts each driver and worker
+# in a control group of its own with these limits (an instance group may set its own), and ends
+# the whole group when the process is ended. EDT_CGROUPS=false turns it off; EDT_CGROUP_PARENT
+# names the cgroup v2 folder delegated to the agent (default: its own group). Memory per
+# process, in bytes (0: nine tenths of the host's memory); processes and threads per process
+# (0: none); each job account's processes on the host (RLIMIT_NPROC, a backstop).
+EDT_CGROUPS = env_bool("EDT_CGROUPS", True)
+EDT_CGROUP_PARENT = os.environ.get("EDT_CGROUP_PARENT", "")
+EDT_JOB_MEMORY_LIMIT = env_int("EDT_JOB_MEMORY_LIMIT", 0)
+EDT_JOB_PIDS_LIMIT = env_int("EDT_JOB_PIDS_LIMIT", 1024)
+EDT_JOB_NPROC_LIMIT = env_int("EDT_JOB_NPROC_LIMIT", 8192)
+# What one user's jobs may keep in their result folders, in bytes (0: no quota). A job that
+# takes its owner past it is stopped (FAILED, saying so); no one file of a job grows past it
+# (RLIMIT_FSIZE).
+EDT_RESULTS_QUOTA_BYTES = env_int("EDT_RESULTS_QUOTA_BYTES", 100 * 1024**3)
 EDT_SCHEDULER_LOCK_TTL_S = env_int("EDT_SCHEDULER_LOCK_TTL_S", 10)
 EDT_CPU_ONLY_HIDE_GPUS = env_bool("EDT_CPU_ONLY_HIDE_GPUS", True)
 # The address job drivers listen on. Empty: the host's registered address (--address of the
