@@ -14,18 +14,34 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import BinaryIO
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 
-from console import selectors
+from console import selectors, streaming
 from jobs import jobfiles
 from jobs.models import TrainingJob
 
 # The runtime's manifest is a few KB; a job could write anything there.
 MANIFEST_LIMIT = 1024 * 1024
 MANIFEST = "manifest.json"
+
+
+class ResultPath:
+    """A result file's path in a download link. Django's ``path`` (``.+``) matches no newline,
+    and a job names its files as it likes: a name with a newline made the job's page fail
+    (no link could be made for it) and its download a 404. Any character is taken here;
+    ``jobs.jobfiles`` refuses what is not a path below the result folder."""
+
+    regex = r"[\s\S]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
 
 
 # --- the tree ----------------------------------------------------------------------------
@@ -37,6 +53,10 @@ class TreeFile:
     path: str  # relative to the result folder: its download link
     size: int
 
+    @property
+    def label(self) -> str:
+        return streaming.shown_name(self.name)
+
 
 @dataclass
 class Folder:
@@ -46,6 +66,15 @@ class Folder:
     files: list[TreeFile] = field(default_factory=list)
     count: int = 0  # files below, at any depth
     size: int = 0
+
+    @property
+    def label(self) -> str:
+        return streaming.shown_name(self.name)
+
+    @property
+    def zip_refused(self) -> str:
+        """Why "Download all" is not offered for these files ("" when it is)."""
+        return streaming.zip_refusal(self.size)
 
     def child(self, name: str) -> Folder:
         for folder in self.folders:
@@ -95,29 +124,38 @@ class _Sink:
         return data
 
 
+def _downloads(root: str) -> Iterator[tuple[str, BinaryIO]]:
+    for folder in jobfiles.DOWNLOAD_FOLDERS:
+        yield from jobfiles.walk_files(root, (folder,))
+
+
 def zip_stream(root: str) -> Iterator[bytes]:
-    """The downloadable files of a result folder as a zip, made while it is read."""
+    """The downloadable files of a result folder as a zip, made while it is read: each step
+    holds at most one chunk of one file (``jobfiles.zip_entry``). Stops with
+    ``streaming.ZipTooBig`` when the files opened pass ``EDT_RESULTS_ZIP_MAX_BYTES``."""
     sink = _Sink()
     with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for folder in jobfiles.DOWNLOAD_FOLDERS:
-            for name, handle in jobfiles.walk_files(root, (folder,)):
-                for _chunk in jobfiles.zip_entry(archive, name, handle):
-                    yield sink.take()
+        for name, handle in streaming.zip_budget(_downloads(root)):
+            for _chunk in jobfiles.zip_entry(archive, name, handle):
                 yield sink.take()
+            yield sink.take()
     yield sink.take()
 
 
 @login_required
-def job_results_zip(request: HttpRequest, pk: int) -> StreamingHttpResponse:
-    """"Download all": the job's results, checkpoints and logs as one zip."""
+def job_results_zip(request: HttpRequest, pk: int) -> HttpResponse | StreamingHttpResponse:
+    """"Download all": the job's results, checkpoints and logs as one zip, sent as it is made;
+    a 413 saying to download the files one by one when they hold more than the cap."""
     job = get_object_or_404(selectors.jobs_for_user(user=request.user), pk=pk)
-    if not job.result_dir or not jobfiles.list_downloads(job.result_dir):
+    files = jobfiles.list_downloads(job.result_dir) if job.result_dir else []
+    if not files:
         raise Http404(f"Job {job.pk} has no result files yet.")
-    response = StreamingHttpResponse(
-        (chunk for chunk in zip_stream(job.result_dir) if chunk), content_type="application/zip"
-    )
-    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-results.zip"'
-    return response
+    refused = streaming.zip_refusal(sum(size for _name, size in files))
+    if refused:
+        return HttpResponse(refused, status=413, content_type="text/plain; charset=utf-8")
+    chunks = (chunk for chunk in zip_stream(job.result_dir) if chunk)
+    return streaming.stream(request, chunks, filename=f"job-{job.pk}-results.zip",
+                            content_type="application/zip")
 
 
 # --- checkpoints -------------------------------------------------------------------------
@@ -138,6 +176,10 @@ class Checkpoint:
     @property
     def name(self) -> str:
         return self.file.rsplit("/", 1)[-1]
+
+    @property
+    def label(self) -> str:
+        return streaming.shown_name(self.name)
 
 
 def _number(value: object) -> int | None:

@@ -1,7 +1,9 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import path, register_converter
 
 from console import compare, job_files, objects, users, views
+
+register_converter(job_files.ResultPath, "result_path")
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -42,7 +44,8 @@ urlpatterns = [
     path("jobs/<int:pk>/delete/", objects.job_delete, name="job-delete"),
     path("jobs/<int:pk>/results/", views.job_results, name="job-results"),
     path("jobs/<int:pk>/results.zip", job_files.job_results_zip, name="job-results-zip"),
-    path("jobs/<int:pk>/results/<path:path>", views.job_result_download, name="job-result"),
+    path("jobs/<int:pk>/results/<result_path:path>", views.job_result_download,
+         name="job-result"),
     path("users/", users.users, name="users"),
     path("users/new/", users.user_new, name="user-new"),
     path("users/<int:pk>/active/", users.user_active, name="user-active"),

@@ -11,12 +11,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.db.models import ProtectedError
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from config.ownership import is_admin
-from console import forms, selectors
+from console import forms, selectors, streaming
 from console.api.errors import in_use_message
 from datasets import services as dataset_services
 from events.fanout import cluster_usage
@@ -443,10 +443,11 @@ def job_results(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
-def job_result_download(request: HttpRequest, pk: int, path: str) -> FileResponse:
+def job_result_download(request: HttpRequest, pk: int, path: str) -> StreamingHttpResponse:
     job = _visible_job(request, pk)
     handle = selectors.result_file(job=job, relative=path)
     if handle is None:
         raise Http404("No such result file.")
-    # Streamed from the file opened above: the path is never looked at again.
-    return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
+    # Streamed from the file opened above (the path is never looked at again), in chunks, as
+    # an attachment the browser never runs (console.streaming).
+    return streaming.file_response(request, handle, filename=path)

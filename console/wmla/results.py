@@ -11,6 +11,7 @@ import tempfile
 import zipfile
 from pathlib import PurePosixPath
 
+from console import streaming
 from jobs import jobfiles
 
 LOG_TYPES = ("outlog", "errlog", "outerrlog")
@@ -122,19 +123,36 @@ def process_log(result_dir: str, process: str, stream: str) -> str:
     return read_text(result_dir, f"log/{process}/{stream}")
 
 
+def zip_refusal(result_dir: str) -> str:
+    """Why the result folder is not zipped ("" when it is): it holds more than
+    ``EDT_RESULTS_ZIP_MAX_BYTES`` (checked before any work: a sparse file costs its job no
+    disk, and a zip of it costs the server a second of CPU per 100 MB)."""
+    if not result_dir:
+        return ""
+    files = jobfiles.list_files(result_dir, skip=SCRATCH_DIRS)
+    return streaming.zip_refusal(sum(size for _name, size in files))
+
+
 def zip_results(result_dir: str) -> tempfile.SpooledTemporaryFile | None:
     """A zip of the result folder in a temporary file, positioned at its start (None when
-    there is nothing to zip); ``zip_size`` says how big it is."""
+    there is nothing to zip); ``zip_size`` says how big it is. Raises
+    ``streaming.ZipTooBig`` past ``EDT_RESULTS_ZIP_MAX_BYTES``: ``zip_refusal`` says so first,
+    this catches files the job made bigger since."""
     if not result_dir:
         return None
     spooled = tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024)
     count = 0
-    with zipfile.ZipFile(spooled, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        # ``tmp/`` holds the processes' scratch files (compiler caches), not results.
-        for name, handle in jobfiles.walk_files(result_dir, skip=SCRATCH_DIRS):
-            for _chunk in jobfiles.zip_entry(archive, name, handle):
-                pass
-            count += 1
+    try:
+        with zipfile.ZipFile(spooled, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            # ``tmp/`` holds the processes' scratch files (compiler caches), not results.
+            files = jobfiles.walk_files(result_dir, skip=SCRATCH_DIRS)
+            for name, handle in streaming.zip_budget(files):
+                for _chunk in jobfiles.zip_entry(archive, name, handle):
+                    pass
+                count += 1
+    except BaseException:
+        spooled.close()
+        raise
     if not count:
         spooled.close()
         return None

@@ -10,18 +10,19 @@ from importlib import metadata
 from pathlib import Path
 
 from django.conf import settings
-from django.http import FileResponse, HttpResponse
+from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, status
-from rest_framework.exceptions import NotAcceptable, NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotAcceptable, NotFound, ValidationError
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console import streaming
 from console.api.errors import call_service
 from console.wmla import results, schema  # noqa: F401 - registers the OpenAPI auth schemes
 from console.wmla.args import FRAMEWORKS, ArgsError, parse_args_string
@@ -298,19 +299,33 @@ class ExecResultView(WmlaView):
     @doc("An exec's result folder as a zip", response=OpenApiTypes.BINARY, params=[EXEC_REF])
     def get(self, request, exec_ref: str):
         job = self.get_job(exec_ref)
-        archive = results.zip_results(job.result_dir)
+        refused = results.zip_refusal(job.result_dir)
+        if refused:
+            raise ZipTooLarge(refused)
+        try:
+            archive = results.zip_results(job.result_dir)
+        except streaming.ZipTooBig as exc:
+            raise ZipTooLarge(str(exc)) from None
         if archive is None:
             raise NotFound(
                 f"Exec {exec_id(job)} has no results yet (state {job.wmla_state})."
             )
         filename = f"{exec_id(job)}-result.zip"
         size = results.zip_size(archive)
-        response = FileResponse(archive, content_type="application/zip")
+        # The zip waits in a temporary file (on disk past its first 32 MB: WMLA's clients
+        # want its size first) and is sent from there in chunks (console.streaming).
+        response = streaming.stream(request, streaming.FileChunks(archive, size),
+                                    filename=filename, content_type="application/zip",
+                                    length=size)
         # As WMLA sends it: no spaces (dlicmd splits on ';' and takes the item starting
         # 'filename='), the size last (notebooks take what follows 'size=').
         response["Content-Disposition"] = f"attachment;filename={filename};size={size}"
-        response["Content-Length"] = str(size)
         return response
+
+
+class ZipTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "too_large"
 
 
 class FrameworksView(WmlaView):
