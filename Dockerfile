@@ -1,4 +1,4 @@
-# The one image every service of docker-compose.yml runs: web (daphne), scheduler, event
+# The one image every service of docker-compose.yml runs: web (uvicorn), scheduler, event
 # consumer and host agents. Its install step is the one `./edt up` runs on a bare machine.
 FROM python:3.11-slim-bookworm
 
@@ -36,4 +36,7 @@ RUN SECRET_KEY=collectstatic-only DEBUG=false python manage.py collectstatic --n
 
 USER edt
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "config.asgi:application"]
+# http only; docker-compose's web service runs `manage.py serve_web` for https on 8443 too. The
+# web server bounds request bodies (EDT_MAX_REQUEST_BYTES, EDT_MAX_UPLOAD_BYTES on upload
+# views) before it reads them: config/body_limit.py.
+CMD ["python", "-m", "config.web_server", "--host", "0.0.0.0", "--port", "8000"]

@@ -187,9 +187,8 @@ def main() -> None:
     port = free_port()
     logs = [(root / name).open("w") for name in ("daphne.log", "run_events.log")]
     procs = [
-        subprocess.Popen([python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                          "config.asgi:application"], cwd=ROOT, env=env, stdout=logs[0],
-                         stderr=subprocess.STDOUT),
+        subprocess.Popen([python, "-m", "config.web_server", "--port", str(port)], cwd=ROOT,
+                         env=env, stdout=logs[0], stderr=subprocess.STDOUT),
         subprocess.Popen([python, "manage.py", "run_events", "--consumer", "bench"], cwd=ROOT,
                          env=env, stdout=logs[1], stderr=subprocess.STDOUT),
     ]

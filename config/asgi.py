@@ -1,5 +1,5 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels (authenticated, same
-origin only)."""
+"""ASGI entry point: HTTP through Django, its request bodies bounded first
+(``config.body_limit``); WebSockets through Channels (authenticated, same origin only)."""
 
 import os
 
@@ -12,11 +12,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from config.body_limit import BodyLimit  # noqa: E402
 from console.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": BodyLimit(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

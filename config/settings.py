@@ -48,7 +48,6 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver"
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -300,6 +299,10 @@ EDT_FABRIC_HOME = Path(os.environ.get("EDT_FABRIC_HOME", VAR_DIR / "fabric")).re
 service_files.secure_var_dir(VAR_DIR, [*EDT_DATA_ROOTS, *EDT_MODEL_ROOTS, EDT_RESULT_ROOT,
                                        EDT_UPLOAD_ROOT, EDT_FABRIC_HOME])
 EDT_WMLA_TOKEN_TTL_S = env_int("EDT_WMLA_TOKEN_TTL_S", 8 * 3600)  # WMLA's logon tokens: 8 h
+# Request bodies (config.body_limit, before the web server reads them): at most this much, but
+# on the upload views, which take EDT_MAX_UPLOAD_BYTES more. A body let through is spooled by
+# Django: in memory up to FILE_UPLOAD_MAX_MEMORY_SIZE, on disk (TMPDIR) beyond it.
+EDT_MAX_REQUEST_BYTES = env_int("EDT_MAX_REQUEST_BYTES", 1024 * 1024)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
@@ -389,5 +392,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "loggers": {"uvicorn": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
 }

@@ -1,4 +1,4 @@
-"""The certificate ``up`` serves https with, and daphne's endpoint for it.
+"""The certificate ``up`` serves https with, and the web server's command line.
 
 WMLA's own ``dlicmd.py`` logs on over https only, so ``up`` serves https on its own port
 (``EDT_HTTPS_PORT``, 8443) beside plain http. The certificate is the one the admin names
@@ -119,21 +119,11 @@ def _make_self_signed(target: Certificate, host: str) -> None:
     service_files.write_private(target.cert, cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _escape(value: str) -> str:
-    """A value for a Twisted endpoint string, where ``:``, ``=`` and ``\\`` are syntax."""
-    return "".join("\\" + c if c in ":=\\" else c for c in value)
-
-
-def daphne_endpoint(port: int, cert: Certificate, host: str = "127.0.0.1") -> str:
-    """Daphne's ``-e`` argument that serves https on ``host:port`` with ``cert``."""
-    return (f"ssl:{port}:privateKey={_escape(str(cert.key))}"
-            f":certKey={_escape(str(cert.cert))}:interface={_escape(host.strip('[]'))}")
-
-
 def web_argv(host: str, port: int, https_port: int, tls: Certificate | None) -> list[str]:
-    """Daphne serving http on ``host:port`` and, given a certificate, https on
-    ``host:https_port``."""
-    argv = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port)]
+    """The web server (``config.web_server``) serving http on ``host:port`` and, given a
+    certificate, https on ``host:https_port``."""
+    argv = [sys.executable, "-m", "config.web_server", "--host", host, "--port", str(port)]
     if tls is not None:
-        argv += ["-e", daphne_endpoint(https_port, tls, host)]
-    return [*argv, "config.asgi:application"]
+        argv += ["--https-port", str(https_port), "--certfile", str(tls.cert),
+                 "--keyfile", str(tls.key)]
+    return argv

@@ -174,7 +174,7 @@ def _logon_over_https_as_ibm_dlicmd_does(https_port: int, var: Path, output) -> 
 
 
 def _our_dlicmd_logs_on_to_either_port(port: int, https_port: int, tmp_path: Path) -> None:
-    """Given only host and port, our dlicmd finds http on daphne's http port (whose silence
+    """Given only host and port, our dlicmd finds http on the server's http port (whose answer
     to a TLS hello must not hold it up: the timeout bounds the probe) and https on the other."""
     env = {**os.environ, "DLICMD_TOKEN_FILE": str(tmp_path / ".dlicmd")}
     for where, extra, scheme in ((port, [], "http"), (https_port, ["--insecure"], "https")):
@@ -211,7 +211,7 @@ def _train_the_demo(base: str, token: str, var: Path, output) -> None:
         assert (var / "results" / f"job-{job['id']}").stat().st_uid == 200_000 + owner
 
 
-# --- https: the certificate and daphne's endpoint --------------------------------------------
+# --- https: the certificate and the web server's command line -------------------------
 
 
 def test_the_self_signed_certificate_is_made_once_private_and_reused(tmp_path):
@@ -241,15 +241,16 @@ def test_the_admins_certificate_is_used_as_named(tmp_path):
                                                "EDT_TLS_KEY": str(tmp_path / "missing.pem")})
 
 
-def test_daphne_serves_https_beside_http_with_that_certificate(tmp_path):
-    var = tmp_path / "va:r=x"  # Twisted's endpoint syntax must not trip on such a path.
+@pytest.mark.slow
+def test_the_web_server_serves_https_beside_http_with_that_certificate(tmp_path):
+    var = tmp_path / "va:r=x y"  # a path with characters a command line could trip on
     made = tls.certificate(var, env={})
     port, https_port = free_port(), free_port()
     argv = web_argv("127.0.0.1", port, https_port, made)
-    assert argv[-1] == "config.asgi:application" and "-e" in argv
+    assert argv[1:3] == ["-m", "config.web_server"] and str(made.cert) in argv
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(EDT_VAR_DIR=str(var), DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}")
-    log = tmp_path / "daphne.log"
+    log = tmp_path / "web.log"
     with log.open("w") as sink:
         web = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink,  # noqa: S603
                                stderr=subprocess.STDOUT)
@@ -271,7 +272,7 @@ def test_daphne_serves_https_beside_http_with_that_certificate(tmp_path):
         web.wait(timeout=20)
 
 
-def test_a_busy_https_port_is_seen_before_daphne_starts():
+def test_a_busy_https_port_is_seen_before_the_web_server_starts():
     with socket.create_server(("127.0.0.1", 0)) as busy:
         assert not port_free("127.0.0.1", busy.getsockname()[1])
     assert port_free("127.0.0.1", free_port())

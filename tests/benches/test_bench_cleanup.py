@@ -102,10 +102,10 @@ def test_elastic_e2e_bench_ends_agents_scheduler_and_jobs_on_sigterm(bench, tmp_
 
 
 @pytest.mark.slow
-def test_live_bench_ends_daphne_and_the_event_consumer_on_sigterm(bench, needs_redis):
+def test_live_bench_ends_the_web_server_and_the_event_consumer_on_sigterm(bench, needs_redis):
     run = bench("live.py", "--clients", "2", "--events", "5000", "--rate", "10")
-    run.wait_until(lambda r: r.count("daphne") >= 1 and r.count("run_events") >= 1,
-                   "daphne and run_events", 180)
+    run.wait_until(lambda r: r.count("config.web_server") >= 1 and r.count("run_events") >= 1,
+                   "the web server and run_events", 180)
     assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
 
 

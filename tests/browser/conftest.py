@@ -1,6 +1,6 @@
-"""A real console for the browser tests: its own SQLite database and folders, a daphne ASGI
-server (so WebSockets work), the ``run_events`` consumer and the scheduler stand-in, each in
-its own process, and Debian's Chromium driven by Playwright.
+"""A real console for the browser tests: its own SQLite database and folders, the web server
+as ``./edt up`` starts it (WebSockets included), the ``run_events`` consumer and the scheduler
+stand-in, each in its own process, and Debian's Chromium driven by Playwright.
 
 Nothing here touches the test database of the other tests: the processes get their settings
 through the environment, as in production, and the tests only act through the browser (and
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from config.tls import web_argv
 from tests.browser.screens import ARTIFACTS, ROOT, summary_lines
 from tests.support import free_port
 
@@ -112,8 +113,7 @@ def console(tmp_path_factory, request) -> Console:
                                 stderr=subprocess.STDOUT)
 
     procs = [
-        start("daphne", "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-              "config.asgi:application"),
+        start("web", *web_argv("127.0.0.1", port, 0, None)[1:]),
         start("run_events", "manage.py", "run_events", "--consumer", "browser-tests",
               "--block-ms", "200"),
         start("scheduler", "tests/browser/standin_scheduler.py", "run"),
@@ -136,7 +136,7 @@ def console(tmp_path_factory, request) -> Console:
 
         client = redis.Redis.from_url(settings.REDIS_URL)
         client.delete(env["EDT_EVENTS_STREAM"])
-        for name in ("daphne", "run_events", "scheduler"):
+        for name in ("web", "run_events", "scheduler"):
             text = (logs / f"{name}.log").read_text(errors="replace")
             if "Traceback" in text:
                 print(f"--- {name}.log ---\n{text[-4000:]}")

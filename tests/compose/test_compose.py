@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import json
 import re
 import shlex
 import tomllib
@@ -177,21 +178,21 @@ def test_it_serves_the_console_over_http_on_8000_and_https_on_8443(services: dic
     assert "healthcheck" in web
 
 
-def test_the_web_command_makes_a_certificate_and_runs_daphne_with_it(
+def test_the_web_command_makes_a_certificate_and_runs_the_web_server_with_it(
     services: dict, settings, tmp_path
 ) -> None:
-    from daphne.cli import CommandLineInterface
+    from config import web_server
 
     settings.VAR_DIR = tmp_path
     argv = _command(services["web"])[0][2:]
     out = io.StringIO()
     call_command(*argv, "--check", stdout=out)
-    daphne = out.getvalue().split()
-    assert daphne[1:3] == ["-m", "daphne"]
-    options = CommandLineInterface().parser.parse_args(daphne[3:])
-    assert options.port == 8000 and options.host == "0.0.0.0"
-    (endpoint,) = options.socket_strings
-    assert endpoint.startswith("ssl:8443:privateKey=") and str(tmp_path / "tls") in endpoint
+    server = out.getvalue().split()
+    assert server[1:3] == ["-m", "config.web_server"]
+    options = web_server.parse(server[3:])
+    assert options.port == 8000 and options.host == "0.0.0.0" and options.https_port == 8443
+    assert options.certfile == str(tmp_path / "tls" / "cert.pem")
+    assert options.keyfile == str(tmp_path / "tls" / "key.pem")
     assert (tmp_path / "tls" / "cert.pem").is_file()
     assert oct((tmp_path / "tls" / "key.pem").stat().st_mode & 0o777) == "0o600"
 
@@ -264,22 +265,21 @@ def test_every_management_command_it_runs_exists_and_accepts_its_arguments(servi
     assert problems == [], "\n".join(problems)
 
 
-def test_the_asgi_application_it_serves_imports_and_daphne_accepts_the_arguments(
-    services: dict,
-) -> None:
-    from daphne.cli import CommandLineInterface
+def test_the_images_default_command_serves_an_application_that_imports() -> None:
+    from config import web_server
 
-    for _, argv in _all_programs(services):
-        if argv[0] != "daphne":
-            continue
-        options = CommandLineInterface().parser.parse_args(argv[1:])
-        module, attribute = options.application.split(":")
-        assert callable(getattr(importlib.import_module(module), attribute))
+    (cmd,) = [line for line in _shell_lines(DOCKERFILE.read_text()) if line.startswith("CMD ")]
+    argv = json.loads(cmd.removeprefix("CMD "))
+    assert argv[:3] == ["python", "-m", "config.web_server"]
+    options = web_server.parse(argv[3:])
+    assert (options.host, options.port) == ("0.0.0.0", 8000)
+    module, attribute = web_server.APP.split(":")
+    assert callable(getattr(importlib.import_module(module), attribute))
 
 
 def test_it_runs_only_programs_the_image_provides(services: dict) -> None:
     for name, argv in _all_programs(services):
-        assert argv[0] in {"python", "daphne"}, f"{name} runs {argv[0]}"
+        assert argv[0] == "python", f"{name} runs {argv[0]}"
 
 
 # --- Dockerfile ------------------------------------------------------------------------------

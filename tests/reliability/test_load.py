@@ -1,7 +1,7 @@
 """Load: 200 jobs submitted at once through the REST API on a small cluster.
 
 A real cluster (``tests.e2e.harness.Cluster``): two host agents of 4 CPU slots (Celery workers),
-the scheduler service, the event consumer and the web console (daphne) as subprocesses on the
+the scheduler service, the event consumer and the web console (uvicorn) as subprocesses on the
 real PostgreSQL and Redis. Eight API clients POST 200 jobs to ``/api/v1/jobs/`` as fast as the
 console answers, with a normal user's token. While the cluster works through the queue, a
 sampler reads consistent snapshots of the database; at the end the slot history is checked
@@ -77,8 +77,8 @@ with open(os.path.join(os.environ["RESULT_DIR"], "ran.jsonl"), "a") as out:
 
 
 def start_console(cluster: Cluster) -> str:
-    """Start daphne on a socket bound here (no port race, no readiness poll: connections wait
-    in the listen queue until it serves); returns its base URL."""
+    """Start the web server on a socket bound here (no port race, no readiness poll:
+    connections wait in the listen queue until it serves); returns its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(256)
@@ -86,8 +86,7 @@ def start_console(cluster: Cluster) -> str:
     out = open(cluster.logs / "web.log", "ab")  # noqa: SIM115 - owned by the process
     try:
         cluster.procs["web"] = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "--fd", str(sock.fileno()),
-             "config.asgi:application"],
+            [sys.executable, "-m", "config.web_server", "--fd", str(sock.fileno())],
             cwd=str(REPO), env={**cluster.env, "EDT_CHANNEL_PREFIX": cluster.prefix},
             stdout=out, stderr=subprocess.STDOUT, pass_fds=[sock.fileno()],
             start_new_session=True,

@@ -2,10 +2,10 @@
 the last line it showed, without a gap and without a duplicate.
 
 The browser tests' console (its database, ``run_events`` and scheduler stand-in) keeps running;
-this test starts a daphne of its own against it, so it can kill that one and start it again on
+this test starts a web server of its own against it, so it can kill that one and start it again on
 the same port. A worker's log lines go through the real pipeline: ``runtime.events`` to the
-Redis stream, ``run_events`` into the job's log file and the Channels group, daphne to
-Chromium. While daphne is down more lines are written than one page of the history view holds,
+Redis stream, ``run_events`` into the job's log file and the Channels group, the web server to
+Chromium. While it is down more lines are written than one page of the history view holds,
 so the page must follow the pages, and a redraw from the log's tail would leave a hole.
 """
 
@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from config.tls import web_argv
 from console.views import LOG_PAGE
 from tests.browser.conftest import ROOT, _wait_http, chromium, console  # noqa: F401
 from tests.support import free_port
@@ -40,10 +40,10 @@ SHOWN_JS = """(tag) => [...document.querySelectorAll("#log .line")]
   .map((t) => Number(t.trim().split(" ").pop()))"""
 
 
-def start_daphne(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+def start_web_server(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+    """The web server as ``./edt up`` starts it."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "config.asgi:application"],
+        web_argv("127.0.0.1", port, 0, None),
         cwd=ROOT, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT,
     )
     _wait_http(f"http://127.0.0.1:{port}/login/", proc)
@@ -99,8 +99,8 @@ def test_the_log_resumes_from_its_offset_after_the_web_server_is_killed(
     tag = f"resume-{uuid.uuid4().hex[:8]}"
     log_file = Path(console.env["EDT_RESULT_ROOT"]) / f"job-{job}" / "log" / "console.jsonl"
     port = free_port()
-    daphne_log = console.root / "logs" / f"daphne-{port}.log"
-    daphne = start_daphne(console.env, port, daphne_log)
+    web_log = console.root / "logs" / f"web-{port}.log"
+    web = start_web_server(console.env, port, web_log)
 
     # A worker of the job, speaking through the runtime's event stream as in production.
     monkeypatch.setenv("EDT_EVENTS_REDIS_URL", console.env["REDIS_URL"])
@@ -132,8 +132,8 @@ def test_the_log_resumes_from_its_offset_after_the_web_server_is_killed(
             tag,
         )
 
-        os.kill(daphne.pid, signal.SIGKILL)
-        assert daphne.wait(timeout=10) == -signal.SIGKILL
+        os.kill(web.pid, signal.SIGKILL)
+        assert web.wait(timeout=10) == -signal.SIGKILL
         wait_for_status(page, "reconnecting…", 15)
 
         emit_lines(tag, range(BEFORE + 1, BEFORE + DURING + 1))
@@ -141,7 +141,7 @@ def test_the_log_resumes_from_its_offset_after_the_web_server_is_killed(
         assert page.inner_text("[data-live-status]") == "reconnecting…"
         resumed_from = len(history_urls)
 
-        daphne = start_daphne(console.env, port, daphne_log)
+        web = start_web_server(console.env, port, web_log)
         # The page retries with a backoff of at most 10 s, then catches up before going live.
         wait_for_status(page, "live", 40)
         emit_lines(tag, range(BEFORE + DURING + 1, BEFORE + DURING + AFTER + 1))
@@ -166,8 +166,8 @@ def test_the_log_resumes_from_its_offset_after_the_web_server_is_killed(
     finally:
         runtime_events.configure(source="standalone", echo=False)
         context.close()
-        daphne.terminate()
+        web.terminate()
         try:
-            daphne.wait(timeout=10)
+            web.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            daphne.kill()
+            web.kill()

@@ -1,8 +1,9 @@
-"""Serve the console with daphne: http on ``--port`` and, unless ``--https-port`` is 0, https
-on ``--https-port`` with the admin's certificate (``EDT_TLS_CERT``/``EDT_TLS_KEY``) or a
-self-signed one kept under ``$EDT_VAR_DIR/tls``. docker-compose's web service runs this, so
-IBM's ``dlicmd.py``, which logs on over https only, works against a compose install too;
-``./edt up`` takes the same options and runs the same daphne command line."""
+"""Serve the console (``config.web_server``, uvicorn): http on ``--port`` and, unless
+``--https-port`` is 0, https on ``--https-port`` with the admin's certificate
+(``EDT_TLS_CERT``/``EDT_TLS_KEY``) or a self-signed one kept under ``$EDT_VAR_DIR/tls``.
+docker-compose's web service runs this, so IBM's ``dlicmd.py``, which logs on over https only,
+works against a compose install too; ``./edt up`` takes the same options and runs the same
+command line."""
 
 from __future__ import annotations
 
@@ -35,12 +36,12 @@ def https_certificate(host: str) -> Certificate:
 
 
 class Command(BaseCommand):
-    help = "Serve the console over http and https with daphne."
+    help = "Serve the console over http and https (uvicorn)."
 
     def add_arguments(self, parser) -> None:
         add_web_arguments(parser)
         parser.add_argument("--check", action="store_true",
-                            help="Prepare the certificate and print daphne's command line, "
+                            help="Prepare the certificate and print the web server's command line, "
                                  "without serving.")
 
     def handle(self, *args, host: str, port: int, https_port: int, check: bool,
@@ -50,4 +51,4 @@ class Command(BaseCommand):
         if check:
             self.stdout.write(" ".join(argv))
             return
-        os.execv(argv[0], argv)  # noqa: S606 - daphne takes this process over
+        os.execv(argv[0], argv)  # noqa: S606 - the web server takes this process over

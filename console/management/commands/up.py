@@ -1,6 +1,7 @@
 """Start the whole product on one machine: embedded Redis (when ``REDIS_URL`` is unset), the
-web server (daphne), the scheduler service, the event consumer and a host agent with CPU slots
-(GPUs when NVML finds them). Children are restarted if they die; Ctrl-C stops everything."""
+web server (``config.web_server``), the scheduler service, the event consumer and a host agent
+with CPU slots (GPUs when NVML finds them). Children are restarted if they die; Ctrl-C stops
+everything."""
 
 from __future__ import annotations
 
@@ -163,8 +164,8 @@ class Command(BaseCommand):
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether daphne could listen on ``host:port`` (it binds with ``SO_REUSEADDR`` too); one
-    endpoint it cannot open stops it serving the others."""
+    """Whether the web server could listen on ``host:port`` (it binds with ``SO_REUSEADDR``
+    too); one address it cannot open stops it serving the others."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
