@@ -21,6 +21,7 @@ _OUT_SUFFIXES = (".stdout", ".out")
 _ERR_NAMES = ("stderr", "stderr.log")
 _ERR_SUFFIXES = (".stderr", ".err")
 SCRATCH_DIRS = frozenset({"tmp"})
+ZIP_IN_MEMORY = 1024 * 1024
 MAX_LOG_BYTES = 8 * 1024 * 1024  # per file: the tail is what a user wants from a huge log
 # WMLA's ELog line: ``[2020-05-21 18:00:48] Train,<TAB>Timestamp: 1590084048447,<TAB>...``.
 ELOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] [^\n]*?,\tTimestamp: (\d{1,20})\b")
@@ -140,7 +141,9 @@ def zip_results(result_dir: str) -> tempfile.SpooledTemporaryFile | None:
     this catches files the job made bigger since."""
     if not result_dir:
         return None
-    spooled = tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024)
+    # Past its first MB the zip waits on disk: in memory, every request for it would add its
+    # size to the web server's.
+    spooled = tempfile.SpooledTemporaryFile(max_size=ZIP_IN_MEMORY)
     count = 0
     try:
         with zipfile.ZipFile(spooled, "w", compression=zipfile.ZIP_DEFLATED) as archive:

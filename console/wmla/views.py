@@ -312,7 +312,7 @@ class ExecResultView(WmlaView):
             )
         filename = f"{exec_id(job)}-result.zip"
         size = results.zip_size(archive)
-        # The zip waits in a temporary file (on disk past its first 32 MB: WMLA's clients
+        # The zip waits in a temporary file (on disk past its first MB: WMLA's clients
         # want its size first) and is sent from there in chunks (console.streaming).
         response = streaming.stream(request, streaming.FileChunks(archive, size),
                                     filename=filename, content_type="application/zip",
