@@ -24,6 +24,7 @@ same rule; ``jobs.services.remove_result_folder`` deletes through descriptors to
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -243,3 +244,48 @@ def change_tree(top: Root, change: Callable[[int, bool], None]) -> None:
     finally:
         os.close(top_fd)
 
+
+
+# --- removing --------------------------------------------------------------------------------
+
+# Deeper folders are left and named: each level holds a descriptor open while it is emptied.
+REMOVE_DEPTH = 256
+
+
+def remove_tree(parent_fd: int, name: str, note: Callable[[str, OSError], None],
+                path: str = "", depth: int = 0) -> None:
+    """Remove ``name`` in the folder ``parent_fd`` and everything below it. A folder is entered
+    with ``O_DIRECTORY | O_NOFOLLOW``: a link the job swapped in is removed itself, and what it
+    points at is neither removed nor opened (``shutil.rmtree`` removes no more, but opens it
+    first: a FIFO there holds it for ever, a device is opened by root). ``note(path, error)``
+    hears each entry that could not be removed."""
+    path = path or name
+    try:
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # a file, a link, a FIFO, a device...
+            _attempt(note, path, lambda: os.unlink(name, dir_fd=parent_fd))
+        else:
+            note(path, exc)
+        return
+    try:
+        if depth >= REMOVE_DEPTH:
+            note(path, OSError(errno.ELOOP, "folders nested too deep to remove"))
+            return
+        for entry in _attempt(note, path, lambda: os.listdir(fd)) or ():
+            remove_tree(fd, entry, note, f"{path}/{entry}", depth + 1)
+    finally:
+        os.close(fd)
+    _attempt(note, path, lambda: os.rmdir(name, dir_fd=parent_fd))
+
+
+def _attempt(note: Callable[[str, OSError], None], path: str, step: Callable[[], object]):
+    try:
+        return step()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        note(path, exc)
+        return None

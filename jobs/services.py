@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from django.utils import timezone
 
 from config.control_plane import wake_scheduler
 from config.ownership import is_admin
-from jobs import jobfiles, states
+from jobs import jobfiles, jobwrites, states
 from jobs import priority as bounds
 from jobs.models import JobEvent, SlotAllocation, TrainingJob
 from jobs.validation import validate_args, validate_command_line, validate_env_vars
@@ -297,25 +295,20 @@ def remove_result_folder(folder: Path) -> list[str]:
     """Remove a job's result folder; the entries that could not be removed, with why.
 
     The job's account owns everything in it and may have planted links there: the removal works
-    through descriptors from the result root (``shutil.rmtree`` with ``dir_fd``), which removes
-    a link itself and never what it points at, so nothing outside the folder is touched. Files
-    the job made unreachable (a folder it closed with ``chmod 700``) stay, and are named."""
-    if not shutil.rmtree.avoids_symlink_attacks:  # pragma: no cover - Linux has it
-        return [f"{folder}: this platform cannot remove it without following links"]
+    through descriptors from the result root (``jobs.jobwrites.remove_tree``), which removes a
+    link itself and never opens or removes what it points at, so nothing outside the folder is
+    touched. Files the job made unreachable stay, and are named."""
     left: list[str] = []
 
-    def note(_func, path, exc) -> None:
-        exc = exc[1] if isinstance(exc, tuple) else exc  # onerror's exc_info, onexc's exception
-        if not isinstance(exc, FileNotFoundError):
-            left.append(f"{path}: {exc.strerror or exc}")
+    def note(path: str, exc: OSError) -> None:
+        left.append(f"{path}: {exc.strerror or exc}")
 
-    hook = {"onexc": note} if sys.version_info >= (3, 12) else {"onerror": note}
     try:
         root_fd = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
     try:
-        shutil.rmtree(folder.name, dir_fd=root_fd, **hook)
+        jobwrites.remove_tree(root_fd, folder.name, note)
     finally:
         os.close(root_fd)
     if left:

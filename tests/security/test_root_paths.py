@@ -14,13 +14,16 @@ cleanly.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from agent import processes
 from agent.processes import RunAs, prepare_job_dir
+from jobs import services
 from runtime import checkpoint
 from tests.security.test_result_links import _job_account
 
@@ -225,3 +228,46 @@ def test_a_job_swapping_and_renaming_in_a_loop_never_gets_a_write_outside(
         out, _ = proc.communicate(timeout=30)
     assert int(out.split()[-1]) > ROUNDS, "the job's swapper hardly ran"
 
+
+
+# --- removing a job's folder -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_removing_a_job_folder_opens_nothing_behind_a_link_swapped_in(
+    job, tmp_path, monkeypatch
+):
+    # The job swaps a folder for a link to a FIFO just as the removal enters it. Removing
+    # through descriptors (as shutil.rmtree does) never deletes through the link; it must not
+    # open what is behind it either: a FIFO would hold the removal (a request of the console)
+    # for ever, a device would be opened by root.
+    result = Path(job.result_dir)
+    (result / "checkpoint" / "epoch-1").mkdir(parents=True)
+    (result / "checkpoint" / "epoch-1" / "state.pth").write_text("state")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    real_open = os.open
+    swapped: list[bool] = []
+
+    def swap_then_open(path, flags, mode=0o777, *, dir_fd=None):
+        if path == "epoch-1" and dir_fd is not None and not swapped:
+            os.rename(path, "epoch-1.moved", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.symlink(fifo, path, dir_fd=dir_fd)
+            swapped.append(True)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    left: list[str] = []
+    remover = threading.Thread(
+        target=lambda: left.extend(services.remove_result_folder(result)), daemon=True)
+    remover.start()
+    remover.join(10)
+    monkeypatch.undo()
+    if remover.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the removal go on
+        remover.join(10)
+        pytest.fail("the removal opened a FIFO through a link the job swapped in, and waited")
+    assert swapped, "the removal never entered the folder"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    # What the job moved out of the way while the removal ran is named, not silently kept.
+    assert not result.exists() or left
