@@ -131,6 +131,10 @@ class StreamSink(RedisSink):
         self.stream_max = stream_max
         self.length = 0  # of the stream after the last batch sent
         super().__init__(url, stream)
+        try:
+            self.length = int(self.client.xlen(stream))  # behind already, before any batch
+        except self._errors:
+            pass  # Redis is away: the first batch sent tells
 
     def _publish(self, batch: list[tuple[int, str]]) -> None:
         todo = batch if self._uncertain is None else self._unsent(batch, self._uncertain)

@@ -5,11 +5,13 @@ Redis: the runtime's side (``runtime.events`` with ``EDT_EVENTS_FD``) and the ag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from agent.relay import DRAIN_S, Relay, events_pipe
+from agent.relay import DRAIN_S, Limits, Relay, events_pipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +46,7 @@ def _published(stream: str) -> list[dict]:
     return [json.loads(f[b"data"]) for _, f in client.xrange(stream)]
 
 
+@pytest.mark.slow
 def test_the_runtime_writes_events_to_the_pipe_and_the_relay_publishes_them_as_its_job(stream):
     code = """
 from runtime import events
@@ -69,6 +72,7 @@ events.emit("log", stream="stdout", line="z" * 200_000)
     assert relay.relayed == 502 and not relay.dropped
 
 
+@pytest.mark.slow
 def test_the_relay_ends_soon_after_its_process_even_if_something_keeps_the_pipe(stream):
     # The process leaves behind a child of its own that holds the pipe open for a minute.
     code = """
@@ -91,6 +95,7 @@ os.write(fd, b'{"type": "log", "line": "last words"}\\n')
     assert [e["line"] for e in _published(stream)] == ["last words"]
 
 
+@pytest.mark.slow
 def test_emit_never_waits_for_an_agent_that_does_not_read():
     # Nobody reads the pipe: it fills after a few hundred events, and training must go on.
     code = """
@@ -113,6 +118,7 @@ print(f"emitted in {time.monotonic() - start:.2f}s", flush=True)
     assert proc.returncode == 0 and "emitted in" in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 def test_the_runtime_writes_nothing_to_a_descriptor_that_is_not_its_pipe(tmp_path):
     # A program the job starts may inherit the variable but not the pipe: the same number is
     # then another file, which must not receive events.
@@ -130,3 +136,96 @@ events.emit("log", stream="stdout", line="not for this file")
     assert proc.returncode == 0, proc.stderr
     assert target.read_text() == ""
     assert "EDT_EVENTS_FD" in proc.stderr and "unusable" in proc.stderr
+
+
+def _limits(**changes) -> Limits:
+    """Small limits a test can reach in a fraction of a second."""
+    base = Limits(per_s={"metric": 10, "log": 10, "other": 40},
+                  burst={"metric": 20, "log": 20, "other": 5}, max_bytes=1024,
+                  backlog_high=1_000_000, behind_per_s=5, stream_max=1_000_000, report_s=3600)
+    return dataclasses.replace(base, **changes)
+
+
+# 1,000 metric lines, 200 log lines and 30 epoch.end written to the pipe at once.
+BURST = """
+import json, os
+fd = int(os.environ["EDT_EVENTS_FD"])
+lines = []
+for i in range(1000):
+    lines.append({"type": "metrics.train", "epoch": 0, "iteration": i, "loss": 0.1})
+    if i % 5 == 0:
+        lines.append({"type": "log", "stream": "stdout", "line": f"line {i}"})
+    if i % 33 == 0 and i < 990:
+        lines.append({"type": "epoch.end", "epoch": i // 33})
+data = "".join(json.dumps(e) + "\\n" for e in lines).encode()
+while data:
+    data = data[os.write(fd, data):]
+"""
+
+
+def _relay_burst(stream: str, limits: Limits) -> tuple[Relay, list[dict], float]:
+    proc, read_end = _start(BURST)
+    started = time.monotonic()
+    relay = Relay(read_end, proc, job_id=7, source="worker:h1-slot0", url=settings.REDIS_URL,
+                  stream=stream, limits=limits).start()
+    assert proc.wait(60) == 0
+    assert relay.wait(60), "the relay did not finish after its process"
+    return relay, _published(stream), time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_metrics_and_log_lines_over_the_limit_are_dropped_and_the_job_is_told(stream):
+    relay, published, took = _relay_burst(stream, _limits())
+    ours = [e for e in published if e["source"] == "worker:h1-slot0"]
+    # Never more than the burst and the rate allow over the time the relay ran.
+    most = 20 + 10 * took + 1
+    metrics = [e for e in ours if e["type"] == "metrics.train"]
+    logs = [e for e in ours if e["type"] == "log"]
+    assert 20 <= len(metrics) <= most and 20 <= len(logs) <= most
+    # Every lifecycle event arrives, in order, though they came faster than their rate.
+    assert [e["epoch"] for e in ours if e["type"] == "epoch.end"] == list(range(30))
+    assert relay.dropped == {"metric rate": 1000 - len(metrics), "log rate": 200 - len(logs)}
+    # The job's log and page say what was lost and why, from the agent.
+    notices = [e for e in published if e["source"].startswith("agent:")]
+    lines = [e["line"] for e in notices if e["type"] == "log"]
+    assert f"job 7 worker h1-slot0: {1000 - len(metrics):,} metric events dropped" in lines[1]
+    assert lines[1].endswith("over the limit of 10 events/s")
+    assert lines[0].startswith(f"job 7 worker h1-slot0: {200 - len(logs):,} log lines dropped")
+    dropped = [e for e in notices if e["type"] == "events.dropped"]
+    assert len(dropped) == 1 and dropped[0]["process"] == "worker:h1-slot0"
+    assert dropped[0]["dropped"] == {"log rate": 200 - len(logs),
+                                     "metric rate": 1000 - len(metrics)}
+
+
+@pytest.mark.slow
+def test_while_the_stream_is_behind_every_process_is_held_to_the_behind_rate(stream):
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for i in range(60):  # unread entries: the consumer is behind
+        client.xadd(stream, {"data": json.dumps({"type": "log", "n": i})})
+    relay, published, took = _relay_burst(stream, _limits(backlog_high=50))
+    ours = [e for e in published if e.get("source") == "worker:h1-slot0"]
+    most = 5 + 5 * took + 1
+    assert len([e for e in ours if e["type"] == "metrics.train"]) <= most
+    assert [e["epoch"] for e in ours if e["type"] == "epoch.end"] == list(range(30))
+    lines = [e["line"] for e in published
+             if e.get("source", "").startswith("agent:") and e["type"] == "log"]
+    assert any("metric events dropped" in line and "while the event stream is behind" in line
+               for line in lines), lines
+
+
+@pytest.mark.slow
+def test_an_event_over_the_size_limit_is_dropped_and_said(stream):
+    code = """
+import json, os
+fd = int(os.environ["EDT_EVENTS_FD"])
+os.write(fd, (json.dumps({"type": "log", "line": "x" * 5000}) + "\\n").encode())
+os.write(fd, (json.dumps({"type": "epoch.end", "epoch": 0}) + "\\n").encode())
+"""
+    proc, read_end = _start(code)
+    relay = Relay(read_end, proc, job_id=9, source="driver", url=settings.REDIS_URL,
+                  stream=stream, limits=_limits()).start()
+    assert proc.wait(60) == 0 and relay.wait(60)
+    published = _published(stream)
+    assert [e["type"] for e in published if e["source"] == "driver"] == ["epoch.end"]
+    assert any(e.get("line", "").startswith("job 9 driver: 1 lines dropped")
+               and e["line"].endswith("longer than 1,024 bytes") for e in published), published

@@ -175,7 +175,8 @@ class StreamReader:
     def _trim(self, client: redis.Redis) -> None:
         """Drop the entries every consumer group has read and acknowledged: below each group's
         oldest pending entry and its last delivered one (which stays, as trimming to an id
-        keeps that id). Approximate, so Redis removes whole nodes only, never past the mark."""
+        keeps that id). Exact, so the stream's length is what waits unread, which the relays
+        read to know when the consumer is behind (``agent.relay``)."""
         floor = None
         for group in client.xinfo_groups(self.stream):
             mark = _text(group["last-delivered-id"])
@@ -185,7 +186,7 @@ class StreamReader:
                     mark = min(mark, _text(first), key=_order)
             floor = mark if floor is None else min(floor, mark, key=_order)
         if floor is not None and _order(floor) > (0, 0):
-            client.xtrim(self.stream, minid=floor, approximate=True)
+            client.xtrim(self.stream, minid=floor, approximate=False)
 
 
 def _text(value: bytes | str) -> str:
