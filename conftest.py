@@ -1,12 +1,115 @@
 """Shared fixtures: an owner, another user and an admin; a cluster of two hosts with four CPU
-slots each; data and model roots in a temporary folder."""
+slots each; data and model roots in a temporary folder.
+
+And the run's own state in the shared Redis (``pytest_configure``): under pytest-xdist each
+worker gets a Redis database of its own, and every run its own cache and channel-layer
+prefixes, so parallel workers, and other runs on the same machine, never share keys. Tests
+that start real processes are marked ``slow`` (``pytest_collection_modifyitems``), so that
+``-m "not slow"`` is the quick tier; a test that starts a child process without the mark is
+named at the end of the run."""
 
 from __future__ import annotations
 
+import os
+import sys
+import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from rest_framework.test import APIClient
+
+# Every test here starts servers, agents, jobs or browsers (or re-runs a bench harness).
+SLOW_DIRS = ("tests/benches/", "tests/browser/", "tests/e2e/", "tests/reliability/",
+             "tests/compose/")
+# Fixtures that start real processes: a test using one is slow wherever it lives.
+PROCESS_FIXTURES = frozenset({
+    "process_start", "e2e", "e2e_records", "console", "chromium", "page", "product",
+    "cluster_processes", "dlicmd", "root_agent", "private_redis", "passworded_redis",
+})
+REDIS_DATABASES = 16  # redis-server's default number of databases
+
+
+def worker_redis_url(url: str, worker: int) -> str:
+    """``url`` with a database of xdist worker ``worker``'s own: the next ones after the
+    run's, so a worker never shares keys (a scheduler lock, a host's queue) with another."""
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    db = (base + 1 + worker) % REDIS_DATABASES
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... in an xdist worker
+    if worker:
+        url = worker_redis_url(settings.REDIS_URL, int(worker.removeprefix("gw")))
+        os.environ["REDIS_URL"] = url  # the product processes tests start inherit it
+        settings.REDIS_URL = settings.CELERY_BROKER_URL = url
+        settings.CACHES["default"]["LOCATION"] = url
+        for host in settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]:
+            host["address"] = url
+    # Throttle counters, login lockouts and Channels groups ("job-1") are named after ids
+    # that every run's fresh database reuses: a prefix per run keeps them apart.
+    # The processes tests start inherit the same prefixes, unless a test gives them its own.
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)[:10]
+    prefix = os.environ["EDT_CACHE_PREFIX"] = f"edt-test-{run}-{worker or 'main'}"
+    os.environ["EDT_CHANNEL_PREFIX"] = prefix
+    settings.CACHES["default"]["KEY_PREFIX"] = prefix
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = prefix
+    sys.addaudithook(_note_child_process)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        if path.startswith(SLOW_DIRS) or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+# The test running now when it is not marked slow (None otherwise), and the unmarked tests
+# that started a child process: the audit hook sees every fork, spawn and Popen.
+_quick_test: list[str | None] = [None]
+_unmarked: set[str] = set()
+_CHILD_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
+                           "os.spawn", "os.system"})
+
+
+def _note_child_process(event: str, args: tuple) -> None:
+    if _quick_test[0] is not None and event in _CHILD_EVENTS:
+        _unmarked.add(_quick_test[0])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    _quick_test[0] = None if item.get_closest_marker("slow") else item.nodeid
+    try:
+        return (yield)
+    finally:
+        _quick_test[0] = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.when == "teardown" and item.nodeid in _unmarked:
+        # A property travels with the report from an xdist worker to the controller.
+        report.user_properties.append(("started_a_process_unmarked", "slow"))
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if ("started_a_process_unmarked", "slow") in report.user_properties:
+        _unmarked.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _unmarked and not os.environ.get("PYTEST_XDIST_WORKER"):
+        terminalreporter.write_sep("=", "tests not marked slow that started a process")
+        for nodeid in sorted(_unmarked):
+            terminalreporter.write_line(nodeid)
 
 
 @pytest.fixture
@@ -23,6 +126,9 @@ def roots(tmp_path: Path, settings) -> dict[str, Path]:
     settings.EDT_DATA_ROOTS = [data.resolve()]
     settings.EDT_SHARED_DATA_DIRS = []
     settings.EDT_MODEL_ROOTS = [models.resolve()]
+    # resnet is a model folder the admin shares with everyone (a user's own are under
+    # models/<username>/): alice's and mallory's models may both use it.
+    settings.EDT_SHARED_MODEL_DIRS = [str(models / "resnet")]
     settings.EDT_RESULT_ROOT = (tmp_path / "results").resolve()
     settings.EDT_UPLOAD_ROOT = (tmp_path / "uploads").resolve()
     return {"data": data.resolve(), "alice": (data / "alice").resolve(),
