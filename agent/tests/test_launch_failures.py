@@ -91,6 +91,7 @@ def test_arguments_no_shell_could_split_fail_the_job_at_once(launch, job, script
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_arguments_over_the_systems_limit_fail_the_job_at_once(launch, job, script, settings):
     script(FINISH)
     # One argument longer than Linux's MAX_ARG_STRLEN (128 KiB): exec refuses with E2BIG.
@@ -100,6 +101,7 @@ def test_arguments_over_the_systems_limit_fail_the_job_at_once(launch, job, scri
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_a_missing_interpreter_fails_the_job_at_once(launch, job, script, settings):
     script(FINISH)
     settings.EDT_USER_PYTHON = "/nonexistent/edt/bin/python"
@@ -109,6 +111,7 @@ def test_a_missing_interpreter_fails_the_job_at_once(launch, job, script, settin
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_an_interpreter_that_is_no_program_fails_the_job_at_once(
     launch, job, script, settings, tmp_path
 ):
@@ -122,6 +125,7 @@ def test_an_interpreter_that_is_no_program_fails_the_job_at_once(
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_an_interpreter_the_jobs_account_may_not_run_fails_the_job_at_once(
     launch, job, script, settings, tmp_path
 ):
@@ -200,6 +204,7 @@ def test_a_script_that_cannot_start_fails_the_job_at_once(
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_a_busy_database_never_ends_a_healthy_driver(launch, job, script, monkeypatch):
     gate = Path(job.result_dir, "recorded")
     # The driver says where it listens, then runs until the agent has recorded it.
@@ -248,6 +253,7 @@ class _InPlace:
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_a_spent_restart_budget_keeps_the_last_real_error(
     job, script, django_capture_on_commit_callbacks
 ):
@@ -265,6 +271,7 @@ def test_a_spent_restart_budget_keeps_the_last_real_error(
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_a_finished_job_keeps_no_error_of_an_earlier_attempt(launch, job, script):
     script(FINISH)
     # What a driver killed in an earlier attempt left on the job.

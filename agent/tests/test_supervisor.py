@@ -58,6 +58,7 @@ def _wait_for_child(key: str, what: str, timeout: float = 20) -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_it_runs_user_code_in_a_child_with_a_scrubbed_environment(job, script, settings):
     settings.SECRET_KEY = "never-in-user-code"
     os.environ["DATABASE_URL_CANARY"] = "x"  # an agent variable that must not leak either
@@ -101,6 +102,7 @@ def test_a_stale_launch_exits_without_starting_anything(job, script):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_it_fails_fast_on_a_syntax_error(job, script):
     script("def broken(:\n    pass\n")
     assert driver_supervisor.run_driver(running(job).pk, 1, "host1") == states.FAILED
@@ -109,6 +111,7 @@ def test_it_fails_fast_on_a_syntax_error(job, script):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_it_fails_fast_on_an_import_error(job, script):
     script("import no_such_module_anywhere\n")
     assert driver_supervisor.run_driver(running(job).pk, 1, "host1") == states.FAILED
@@ -137,6 +140,7 @@ class SyncExecutor:
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_a_driver_that_is_always_killed_ends_failed_after_its_restart_budget(
     job, script, django_capture_on_commit_callbacks
 ):
@@ -208,6 +212,7 @@ def test_launching_the_same_slot_twice_starts_one_process(job, script, cluster, 
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_it_runs_user_code_as_the_configured_unprivileged_user(job, model_def, settings):
     import pwd
     import shutil
@@ -274,6 +279,7 @@ def test_each_owner_gets_an_account_of_their_own_only_under_a_root_agent(
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_a_job_under_its_owners_account_can_ask_who_it_runs_as(job, settings, monkeypatch):
     # The per-owner uid has no passwd entry: getpass.getuser() (torch calls it when it first
     # compiles or builds an optimizer on some versions) must still answer, from the variables
@@ -343,6 +349,7 @@ def test_a_superseded_driver_never_becomes_the_jobs_driver(job, script, tmp_path
      "      'ValueError: bad metric\\nJob FAILED: driver logger callback raised')\n"
      "sys.exit(6)\n", "driver logger callback raised"),
 ])
+@pytest.mark.slow
 def test_a_users_error_ends_the_job_failed_at_once_with_its_traceback(
     job, script, django_capture_on_commit_callbacks, tail, says
 ):

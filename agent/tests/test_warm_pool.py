@@ -49,12 +49,14 @@ def _spawn(pool: warm.WarmPool, main: Path, arg: str, **env: str):
             os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_process_through_the_pool_reports_its_exit_code(pool, main_file):
     child = _spawn(pool, main_file, "5")
     assert child is not None and child.pid > 0
     assert child.wait(60) == 5 and child.poll() == 5
 
 
+@pytest.mark.slow
 def test_a_pool_not_ready_or_given_too_much_says_start_it_cold(pool, main_file):
     assert _spawn(warm.WarmPool(), main_file, "0") is None  # never started
     # More than one message carries: exec would take it, so the caller starts it cold.
@@ -62,6 +64,7 @@ def test_a_pool_not_ready_or_given_too_much_says_start_it_cold(pool, main_file):
     assert _spawn(pool, main_file, "0").wait(60) == 0  # and the pool still serves
 
 
+@pytest.mark.slow
 def test_a_dead_warm_process_ends_what_it_started_and_takes_no_more(pool, main_file):
     held = _spawn(pool, main_file, "hold")
     assert held is not None and held.poll() is None
@@ -70,6 +73,7 @@ def test_a_dead_warm_process_ends_what_it_started_and_takes_no_more(pool, main_f
     assert not pool.ready() and _spawn(pool, main_file, "0") is None
 
 
+@pytest.mark.slow
 def test_a_warm_process_that_dies_after_a_while_is_started_again(pool, main_file, monkeypatch):
     monkeypatch.setattr(warm, "CRASH_LOOP_S", 0.0)  # it has served "a while"
     first = pool.pid
@@ -80,6 +84,7 @@ def test_a_warm_process_that_dies_after_a_while_is_started_again(pool, main_file
     assert _spawn(pool, main_file, "4").wait(60) == 4
 
 
+@pytest.mark.slow
 def test_a_fork_that_answers_too_late_is_killed_not_left_running(pool, main_file, monkeypatch,
                                                                    caplog):
     """The caller started that process cold already: a second copy must not run."""

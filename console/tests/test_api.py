@@ -290,6 +290,7 @@ def test_session_writes_need_the_csrf_token(owner, model_def, cluster):
     assert "CSRF" in response.json()["detail"]
 
 
+@pytest.mark.slow
 def test_the_openapi_schema_is_served_and_valid(api, owner, tmp_path):
     response = api(owner).get("/api/schema/", HTTP_ACCEPT="application/json")
     assert response.status_code == 200

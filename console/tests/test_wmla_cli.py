@@ -16,6 +16,7 @@ from config import tls
 from console.cli import dlicmd
 
 
+@pytest.mark.slow
 def test_it_runs_without_django_installed():
     # Block the import of Django, as on a laptop that only has requests.
     code = (
@@ -195,6 +196,7 @@ def _dlicmd_process(args: list[str], home: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_bare_host_that_never_answers_tls_is_reached_over_http(served, tmp_path):
     server = served(routes=LOGON)
     where = ["--rest-host", "127.0.0.1", "--rest-port", str(server.port)]
@@ -223,6 +225,7 @@ def test_a_plain_http_answer_to_the_tls_hello_ends_the_probe_at_once(
     assert server.tls_hellos == 1
 
 
+@pytest.mark.slow
 def test_nothing_listening_is_one_line_without_a_traceback(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as probe:
         port = probe.getsockname()[1]  # Closed on leaving: nothing listens there.

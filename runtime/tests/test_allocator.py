@@ -48,6 +48,7 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not Path("/
 
 
 @glibc_only
+@pytest.mark.slow
 def test_a_freed_block_stays_for_the_next_step_instead_of_being_faulted_in_again():
     default, kept = _step("default"), _step("keep")
     # 96 MiB is 24,576 pages of 4 KiB.
@@ -56,12 +57,14 @@ def test_a_freed_block_stays_for_the_next_step_instead_of_being_faulted_in_again
 
 
 @glibc_only
+@pytest.mark.slow
 def test_a_job_that_chose_its_allocator_settings_keeps_them():
     chosen = _step("keep", MALLOC_TRIM_THRESHOLD_="0")
     assert not chosen["kept"] and chosen["returned_mib"] > 90
 
 
 @glibc_only
+@pytest.mark.slow
 def test_the_same_setting_given_as_environment_keeps_the_block_and_counts_as_chosen():
     # How bench/runtime.py --same-allocator gives a plain DDP loop what a worker sets itself.
     environ = allocator.as_environment()

@@ -165,6 +165,7 @@ class _Watched(nn.Module):
         return self.net(x.requires_grad_())
 
 
+@pytest.mark.slow
 def test_a_training_step_reads_nothing_between_forward_and_backward(
         standalone_env, tmp_path: Path) -> None:
     """On the CPU here; on a machine with a GPU the same run trains on CUDA (the runtime's

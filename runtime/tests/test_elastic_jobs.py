@@ -65,6 +65,7 @@ def fixed_four(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_it_trains_standalone_with_wmla_result_layout(reference: Path) -> None:
     assert {s["size"] for s in steps(reference)} == {1}
     assert (reference / "checkpoint" / "manifest.json").exists()
@@ -80,6 +81,7 @@ def test_it_trains_standalone_with_wmla_result_layout(reference: Path) -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.slow
 def test_it_trains_on_a_fixed_number_of_workers(tmp_path: Path, reference: Path,
                                                 workers: int) -> None:
     run_job(tmp_path, workers, TEST_SAMPLES=str(SAMPLES))
@@ -93,11 +95,13 @@ def test_it_trains_on_a_fixed_number_of_workers(tmp_path: Path, reference: Path,
     assert all(e["source"] == "driver" for e in ev)
 
 
+@pytest.mark.slow
 def test_it_trains_on_four_workers(fixed_four: Path, reference: Path) -> None:
     assert {s["size"] for s in steps(fixed_four)} == {4}
     assert_same_training(fixed_four, reference)
 
 
+@pytest.mark.slow
 def test_reading_batches_in_the_training_thread_trains_as_loader_threads_do(
         tmp_path: Path, real_reference: Path) -> None:
     # Without loader threads, each worker reads the next step's augmented samples while
@@ -388,6 +392,7 @@ def test_it_resumes_from_the_checkpoint_after_losing_the_driver(tmp_path: Path,
     assert_same_training(tmp_path, reference)
 
 
+@pytest.mark.slow
 def test_it_fails_the_job_when_the_dataset_function_raises(tmp_path: Path) -> None:
     env = base_env(tmp_path, TEST_FAIL="dataset_raises")
     with LocalJob(SCRIPT, env=env) as job:
@@ -412,6 +417,7 @@ def test_it_fails_the_job_when_the_dataset_function_raises(tmp_path: Path) -> No
         ("nan_loss", "loss is nan at epoch 0 iteration 1"),
     ],
 )
+@pytest.mark.slow
 def test_it_fails_standalone_on_bad_user_code(tmp_path: Path, fail: str, message: str) -> None:
     proc = run_standalone(tmp_path, TEST_FAIL=fail)
     assert proc.returncode == 1
@@ -421,6 +427,7 @@ def test_it_fails_standalone_on_bad_user_code(tmp_path: Path, fail: str, message
     assert states[-1]["state"] == "FAILED" and message in states[-1]["error"]
 
 
+@pytest.mark.slow
 def test_it_hands_state_over_when_the_last_worker_leaves_and_stops_pull_failures(
     tmp_path: Path,
 ) -> None:

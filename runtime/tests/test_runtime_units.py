@@ -257,6 +257,7 @@ def test_a_failed_arrival_breaks_the_generation_so_a_stuck_member_leaves_its_col
     assert (generation, pending, broken) == (1, True, True)
 
 
+@pytest.mark.slow
 def test_a_failed_group_init_leaves_the_process_able_to_form_the_next() -> None:
     """A member whose generation failed to form (a peer died meanwhile) must still form the
     next one with a joiner that never saw the failed one."""
@@ -284,6 +285,7 @@ def test_a_failed_group_init_leaves_the_process_able_to_form_the_next() -> None:
         assert out.strip() == "3"
 
 
+@pytest.mark.slow
 def test_forming_a_group_gives_up_on_a_dead_member_but_collectives_wait() -> None:
     """A member killed once its address is in the store never connects. The others give up
     on it after a few times the connect timeout, not after the collectives' hour; and a group
@@ -355,6 +357,7 @@ def test_the_store_lets_go_of_waits_for_a_generation_that_will_not_form() -> Non
 
 
 @pytest.mark.parametrize("when", ["before", "while"])
+@pytest.mark.slow
 def test_a_broadcast_from_a_silent_rank_0_fails_when_its_group_is_aborted(when: str) -> None:
     """A rank waiting for a broadcast from a rank 0 that never sends is released as soon as
     its group is aborted (as the driver's word does when a member is lost), whether the abort

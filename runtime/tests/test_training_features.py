@@ -302,6 +302,7 @@ def _two_batchnorms() -> nn.Module:
 
 
 @pytest.mark.parametrize("script_sets", ["first BatchNorm eval", "whole model eval"])
+@pytest.mark.slow
 def test_training_keeps_the_modes_the_script_set_on_parts_of_its_model(
         standalone_env, script_sets) -> None:
     """Fine-tuning freezes a backbone's BatchNorm with ``.eval()``: training (and validation

@@ -121,6 +121,7 @@ def _report(started: dict) -> dict:
         return json.loads(events.readline())
 
 
+@pytest.mark.slow
 def test_a_forked_process_is_what_python_main_py_would_be(warm, folder):
     started = warm.spawn(folder, "a b", "--flag")
     report = _report(started)
@@ -140,6 +141,7 @@ def test_a_forked_process_is_what_python_main_py_would_be(warm, folder):
     assert "hello from ['a b', '--flag']" in started["log"].read_text()
 
 
+@pytest.mark.slow
 def test_exit_codes_and_tracebacks_are_the_interpreters(warm, folder):
     started = warm.spawn(folder, "3")
     _report(started)
@@ -154,6 +156,7 @@ def test_exit_codes_and_tracebacks_are_the_interpreters(warm, folder):
     assert log.rstrip().endswith("ValueError: boom")
 
 
+@pytest.mark.slow
 def test_a_syntax_error_and_a_missing_main_file_read_as_they_would(warm, folder):
     (folder / "main.py").write_text("def broken(:\n")
     started = warm.spawn(folder)
@@ -171,6 +174,7 @@ def test_a_syntax_error_and_a_missing_main_file_read_as_they_would(warm, folder)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root switches accounts (CI runs as root)")
+@pytest.mark.slow
 def test_a_forked_process_runs_as_the_jobs_account_and_umask(warm, folder):
     started = warm.spawn(folder, uid=200_777, gid=200_777, umask=0o007)
     report = _report(started)
@@ -198,6 +202,7 @@ def _wait_gone(pid: int, what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_when_the_agent_goes_the_warm_process_and_its_children_go(warm, folder):
     started = warm.spawn(folder, "hold")
     _report(started)  # it runs
@@ -206,6 +211,7 @@ def test_when_the_agent_goes_the_warm_process_and_its_children_go(warm, folder):
     _wait_gone(started["pid"], "a job process of a warm process whose agent is gone")
 
 
+@pytest.mark.slow
 def test_when_the_warm_process_dies_its_children_die(warm, folder):
     started = warm.spawn(folder, "hold")
     _report(started)
@@ -238,6 +244,7 @@ os.write(3, (json.dumps(report) + "\n").encode())
 """
 
 
+@pytest.mark.slow
 def test_a_full_collection_walks_the_jobs_objects_not_what_the_warm_process_preloaded(
         warm, folder):
     # torch and the runtime, imported once by the warm process, are some 290,000 objects.

@@ -10,7 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from .helpers import REPO
+
+pytestmark = pytest.mark.slow  # each test trains in a process of its own
 
 SCRIPT = textwrap.dedent(
     """

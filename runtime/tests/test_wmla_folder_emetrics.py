@@ -94,6 +94,7 @@ def _check(kind: str, out: str, result: Path) -> None:
         assert len(recorded) == reports and all("loss" in r["values"] for r in recorded)
 
 
+@pytest.mark.slow
 def test_a_folders_own_emetrics_wins_in_a_process_the_agent_starts(
         folders: dict[str, Path], tmp_path: Path, settings: object) -> None:
     settings.EDT_FABRIC_HOME = str(tmp_path / "fabric")  # type: ignore[attr-defined]
@@ -106,6 +107,7 @@ def test_a_folders_own_emetrics_wins_in_a_process_the_agent_starts(
         _check(kind, proc.stdout + proc.stderr, result)
 
 
+@pytest.mark.slow
 def test_a_folders_own_emetrics_wins_in_a_process_forked_warm(
         folders: dict[str, Path], tmp_path: Path, settings: object) -> None:
     """The warm process has imported the runtime (``runtime.wmla`` included) before the job's

@@ -136,6 +136,7 @@ def test_concurrent_builds_of_one_fabric_home_all_succeed(tmp_path: Path) -> Non
     assert (libs / "fabric.zip").stat().st_mode & 0o777 == 0o644
 
 
+@pytest.mark.slow
 def test_it_runs_a_wmla_model_folder_standalone(tmp_path: Path, fabric_home: Path) -> None:
     (tmp_path / "main.py").write_text(MAIN)
     env = {k: v for k, v in os.environ.items() if k != "EDT_ROLE"}
@@ -153,6 +154,7 @@ def test_it_runs_a_wmla_model_folder_standalone(tmp_path: Path, fabric_home: Pat
     assert (result / "model" / "model.onnx").exists()
 
 
+@pytest.mark.slow
 def test_it_runs_a_wmla_model_folder_under_the_cluster(tmp_path: Path,
                                                        fabric_home: Path) -> None:
     (tmp_path / "main.py").write_text(MAIN)
@@ -170,6 +172,7 @@ def test_it_runs_a_wmla_model_folder_under_the_cluster(tmp_path: Path,
     assert (tmp_path / "result" / "model" / "model.onnx").exists()
 
 
+@pytest.mark.slow
 def test_the_installed_compat_modules_import(tmp_path: Path) -> None:
     code = ("from fabric_model import FabricModel as A; from pyedt.fabric_model import "
             "FabricModel as B; import pth_parameter_mgr as p; from runtime import FabricModel "

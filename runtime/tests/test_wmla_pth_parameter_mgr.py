@@ -52,6 +52,7 @@ def _run_standalone(tmp_path: Path, hparams: dict) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_a_learning_path_model_file_runs_standalone_with_a_step_policy(tmp_path: Path) -> None:
     out = _run_standalone(tmp_path, {"epochs": 3, "batch_size": 16, "test_batch_size": 64,
                                      "learning_rate": 0.1, "lr_policy": "step", "stepsize": 1,
@@ -60,6 +61,7 @@ def test_a_learning_path_model_file_runs_standalone_with_a_step_policy(tmp_path:
     assert "lr 0.0125 StepLR" in out
 
 
+@pytest.mark.slow
 def test_a_fixed_rate_is_no_scheduler_and_the_test_batch_follows_the_train_batch(
         tmp_path: Path) -> None:
     out = _run_standalone(tmp_path, {"epochs": 2, "batch_size": 8, "learning_rate": 0.05})

@@ -58,6 +58,7 @@ def _own_log_lines(result: Path, kind: str) -> list[str]:
     return [line for line in text.splitlines() if f"] {kind}," in line]
 
 
+@pytest.mark.slow
 def test_wmla_1_2_3_folder_with_its_own_elog_runs_standalone(tmp_path: Path) -> None:
     """Old-style ``log_train_metrics(loss, acc, completed_batch, worker=0)`` and
     ``log_test_metrics(loss, acc, ...)``; its own elog.py wins over the product's."""
@@ -72,6 +73,7 @@ def test_wmla_1_2_3_folder_with_its_own_elog_runs_standalone(tmp_path: Path) -> 
     assert records and all(set(r["values"]) == {"loss"} for r in records)
 
 
+@pytest.mark.slow
 def test_wmla_2_3_folder_with_the_products_elog_runs_standalone(tmp_path: Path) -> None:
     """``callbacks``, ``elog``, ``emetrics`` from the product; ``on_epoch_end(self, epoch,
     save_model=False)`` keeps its default; no ``Accuracy`` without a metric."""
@@ -84,6 +86,7 @@ def test_wmla_2_3_folder_with_the_products_elog_runs_standalone(tmp_path: Path) 
     assert "Train finished. Time cost:" in out
 
 
+@pytest.mark.slow
 def test_wmla_4_folder_with_a_dict_logger_runs_standalone(tmp_path: Path) -> None:
     out, result = _standalone("wmla4_pytorch_mnist_edt", tmp_path)
     assert "EDTCALLBACK elog from model-folder-elog-4.x" in out
@@ -97,6 +100,7 @@ def _elog_lines(out: str, kind: str) -> list[str]:
     return [line for line in out.splitlines() if f"] {kind},\tTimestamp:" in line]
 
 
+@pytest.mark.slow
 def test_wmla_4_8_notebook_cells_importing_pyedt_run_standalone(tmp_path: Path) -> None:
     """A WMLA 4.8 notebook's cells as a main file: ``from pyedt.fabric_model import
     FabricModel``, no logger callback, so the product's ELog lines and no ``Accuracy``."""
@@ -107,6 +111,7 @@ def test_wmla_4_8_notebook_cells_importing_pyedt_run_standalone(tmp_path: Path) 
     assert "DATA_DIR: /gpfs/mydatafs" in out  # no dataset named: the notebook's own default
 
 
+@pytest.mark.slow
 def test_cpd_folder_with_its_own_steps_runs_standalone(tmp_path: Path) -> None:
     """The Cloud Pak for Data notebook's folder puts ``$FABRIC_HOME/libs/fabric.zip`` on its
     path itself, trains with its own ``fn_step_train`` / ``fn_test`` and names no data."""
@@ -124,6 +129,7 @@ def test_cpd_folder_with_its_own_steps_runs_standalone(tmp_path: Path) -> None:
     assert {r["grouplabel"] for r in records} == {"Train", "Test"}
 
 
+@pytest.mark.slow
 def test_generic_names_come_only_with_wmlas_own_names(tmp_path: Path) -> None:
     """``callbacks`` is not installed site-wide: it appears once ``fabric_model`` (or
     ``pyedt``, ``pth_parameter_mgr``) is imported, and a folder's own ``elog.py`` wins."""
@@ -145,6 +151,7 @@ def test_generic_names_come_only_with_wmlas_own_names(tmp_path: Path) -> None:
     ("wmla23_pytorch_mnist_edt", "elastic-main.py", False),
     ("wmla48_pytorch_mnist_pyedt", "main.py", False),
 ])
+@pytest.mark.slow
 def test_folders_run_in_the_agents_job_environment(folder: str, main: str, own_elog: bool,
                                                    tmp_path: Path, settings: object) -> None:
     """The agent's real environment (``agent.processes.build_env``): ``wmla_compat`` is on
@@ -170,6 +177,7 @@ def test_folders_run_in_the_agents_job_environment(folder: str, main: str, own_e
 
 
 @pytest.mark.parametrize("folder", ["wmla123_pytorch_mnist_edt", "wmla23_pytorch_mnist_edt"])
+@pytest.mark.slow
 def test_old_style_loggers_run_on_the_driver_of_a_two_worker_job(folder: str,
                                                                  tmp_path: Path) -> None:
     """The driver calls the old-style logger for every train and test report (its own elog.py
@@ -231,6 +239,7 @@ def _zip_state(path: str) -> dict[str, torch.Tensor]:
     return torch.load(io.BytesIO(blob), weights_only=True)
 
 
+@pytest.mark.slow
 def test_notebook_download_without_a_result_folder(tmp_path: Path) -> None:
     """A WMLA 4.x notebook trains in the kernel, then ``edt_m.download()`` (to /tmp, here
     the temporary folder) and ``edt_m.download(out_dir=...)``."""
@@ -251,6 +260,7 @@ def test_notebook_download_without_a_result_folder(tmp_path: Path) -> None:
         assert all(torch.equal(got[k], expected[k]) for k in expected)
 
 
+@pytest.mark.slow
 def test_notebook_download_packs_the_result_folders_model_files(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "nb.py").write_text(NOTEBOOK)

@@ -436,6 +436,7 @@ def _wake(server: PrivateRedis, loop: SchedulerLoop, channel: str, when: str) ->
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
     # A loop that lost its subscription with the connection would stay asleep after it.
     server = PrivateRedis(tmp_path / "redis")
@@ -452,6 +453,7 @@ def test_the_loop_is_woken_again_once_a_restarted_redis_is_back(tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_a_scheduler_started_before_redis_waits_for_it(tmp_path, caplog):
     # As with a REDIS_URL whose server comes up after the scheduler: it must not exit.
     server = PrivateRedis(tmp_path / "redis")
