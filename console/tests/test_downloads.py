@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 from django.test import AsyncClient
 from django.urls import reverse
 
@@ -83,7 +84,10 @@ def test_under_asgi_a_download_is_an_asynchronous_stream_of_bounded_chunks(owner
         client = AsyncClient()
         await sync_to_async(client.force_login)(owner)
         answer = await client.get(reverse("job-result", args=[job.pk, "model/weights.bin"]))
-        return answer, [chunk async for chunk in answer.streaming_content]
+        chunks = [chunk async for chunk in answer.streaming_content]
+        # The handler's thread keeps its connection: closed so the test database can go.
+        await sync_to_async(connections.close_all)()
+        return answer, chunks
 
     answer, chunks = asyncio.run(download())
     assert answer.status_code == 200 and answer.is_async
