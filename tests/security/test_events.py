@@ -219,6 +219,7 @@ def _history(job: TrainingJob) -> dict:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_a_job_writes_events_only_into_its_own_history(agent, owner, other, cluster, caplog,
                                                        settings):
     client = redis.Redis.from_url(settings.REDIS_URL)
