@@ -244,16 +244,20 @@ def test_a_job_writes_events_only_into_its_own_history(agent, owner, other, clus
     assert _history(victim) == before
     # What the attacker's driver said went through, as its own job's and its driver's, and
     # only the runtime's types; the agent's own record of the driver is the agent's.
-    from_driver = [e for e in relayed if e["source"] != "agent:host1"]
+    from_driver = [e for e in relayed if not e["source"].startswith("agent:")]
     assert {e["source"] for e in from_driver} == {"driver"}
     assert {e["type"] for e in from_driver} == {
         "log", "metrics.train", "error", "job.state", "worker.joined"}
     mine = _history(attacker)
     assert sorted((m[1], m[3]["loss"]) for m in mine["metrics"]) == [
         (0, 0.25), (999, 0.001), (999, 9.0)]
-    lines = [r["line"] for r in mine["log"]]
+    lines = [r["line"] for r in mine["log"] if r["source"] == "driver"]
     assert "the attacker's own line" in lines and "FORGED LOG" in lines
-    assert all(r["source"] == "driver" for r in mine["log"])
+    # Besides its driver's lines, its log holds only its agent's word of what was dropped.
+    notices = [r["line"] for r in mine["log"] if r["source"] != "driver"]
+    assert all(r["source"].startswith("agent:") for r in mine["log"] if r["source"] != "driver")
+    assert any(f"job {attacker.pk} driver: 7 lines dropped" in n
+               and n.endswith("not an event a job may send") for n in notices), notices
     assert not [e for e in mine["events"] if e[0].startswith(("allocation.", "slot.", "job.t"))]
     assert [(e[1], e[3]["addr"]) for e in mine["events"] if e[0] == "driver.started"] == [
         ("agent:host1", "127.0.0.1:1")]
