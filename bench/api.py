@@ -9,7 +9,7 @@ Cases: an admin's first page (all 10,000 jobs), a user's first page (their 1,000
 page (``?state=RUNNING``) and a deep page (``?offset=9000``). Each is warmed up, then timed
 over REQUESTS requests; the SQL statements one request runs are counted once.
 
-Run: .venv/bin/python bench/api.py [--postgres] [--requests 300]
+Run: .venv/bin/python -m bench.api [--postgres] [--requests 300]
   default     a temporary SQLite file, removed afterwards
   --postgres  a fresh database on DATABASE_URL's server (or postgres@127.0.0.1), dropped after
 
@@ -20,10 +20,8 @@ admin's first page, the page the console opens).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -31,10 +29,7 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench import processes  # noqa: E402
+from bench import harness
 
 N_JOBS = 10_000
 N_USERS = 10
@@ -177,7 +172,8 @@ def _time(client, url: str, headers: dict, requests: int) -> tuple[list[float], 
 
 
 def _p(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+    """The ``q`` th percentile (0..100)."""
+    return harness.percentile(values, q / 100)
 
 
 def main() -> int:
@@ -186,7 +182,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
     # On SIGTERM / SIGINT the finally below still drops the throwaway database.
-    processes.install()
+    harness.install()
     url, cleanup = _use_throwaway_database(args.postgres)
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -227,13 +223,13 @@ def main() -> int:
             print(f"{label:<24}{rows:>6}{queries:>9}{results[label][0]:>9.1f}"
                   f"{results[label][1]:>9.1f}{max(timings):>9.1f}")
         p50, p95 = results["admin, first page"]
-        print(json.dumps({
+        harness.print_result({
             "job_list_p50_ms": round(p50, 2),
             "job_list_p95_ms": round(p95, 2),
             "database": connection.vendor,
             "jobs": N_JOBS,
             "requests": args.requests,
-        }))
+        })
     finally:
         cleanup()
     return 0

@@ -19,7 +19,7 @@ One cycle gives one submit and one shrink, two priority changes and one grow; ``
 restart and join, torchft's heal and join, the same model) and ``bench/kill_recovery.py``'s
 SIGKILL of a worker (quiet and loaded).
 
-Run: ``.venv/bin/python bench/elastic_e2e.py [--quick] [--cycles N] [--no-peers]
+Run: ``.venv/bin/python -m bench.elastic_e2e [--quick] [--cycles N] [--no-peers]
 [--no-kills]`` (needs Redis on ``REDIS_URL``, default ``redis://127.0.0.1:6379/0``; about 15
 minutes on 2 cores, 4 with ``--quick``). Prints a table; the last line is one JSON object:
 ``grow_p95_s``, ``shrink_p95_s``, ``submit_p95_s``, ``priority_p95_s``, ``iteration_s``,
@@ -31,11 +31,9 @@ loaded kill recovery, the counts, and the reasons a peer could not run).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -43,11 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench import processes  # noqa: E402
-from bench.runtime import _pct, _wait  # noqa: E402
+from bench import harness
+from bench.harness import percentile, step_rows, wait_for
 
 SLOTS_PER_HOST, HOSTS = 2, 2
 MAIN = "from bench.runtime import as_fabric\n\nas_fabric()\n"
@@ -93,7 +88,7 @@ class Bench:
         from resources.models import InstanceGroup, ResourceGroup
 
         owner = get_user_model().objects.create_user("bench")
-        folder = self.tmp / "models" / "mlp"
+        folder = self.tmp / "models" / "bench" / "mlp"  # the bench user's own model area
         folder.mkdir(parents=True)
         (folder / "main.py").write_text(MAIN)
         model = ModelDefinition.objects.create(owner=owner, name="mlp", location=str(folder),
@@ -122,7 +117,7 @@ class Bench:
             # The agent builds a job's environment from nothing: the run's mark goes in its
             # variables, so an interrupted bench finds a job started cold even once its agent
             # is gone (a warm fork keeps its parent's environment; the agent's tree finds it).
-            name=name, env_vars={**processes.mark_env(),
+            name=name, env_vars={**harness.mark_env(),
                                  "BENCH_SAMPLES": "65536", "BENCH_EPOCHS": "1000",
                                  "BENCH_ENGINES": str(HOSTS * SLOTS_PER_HOST),
                                  "EDT_STEP_LOG": str(self.tmp / f"{name}.steps.jsonl")})
@@ -133,23 +128,11 @@ class Bench:
 
 
 # -- reading what happened ----------------------------------------------------------------
-def _steps(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line being written
-    return out
-
-
 def first_step(job, size: int, after: float) -> float | None:
     """When (unix time) the job's first optimizer step at ``size`` workers that started after
     ``after`` ended: the end, as ``bench/peers.py`` times its peers, so one iteration is in
     every figure on both sides."""
-    for step in _steps(Path(job.env_vars["EDT_STEP_LOG"])):
+    for step in step_rows(Path(job.env_vars["EDT_STEP_LOG"])):
         if step["size"] == size and step["ts_start"] >= after:
             return step["ts"]
     return None
@@ -173,7 +156,7 @@ def first_reclaim(jobs: list, after: float) -> float:
         stamps = [t.timestamp() for t in row if t.timestamp() >= after]
         return stamps[0] if stamps else None
 
-    return _wait(find, "the scheduler to reclaim a slot", 60)
+    return wait_for(find, "the scheduler to reclaim a slot", 60)
 
 
 def first_grant(job, after: float) -> float:
@@ -185,7 +168,7 @@ def first_grant(job, after: float) -> float:
         stamps = [t.timestamp() for t in row if t.timestamp() >= after]
         return stamps[0] if stamps else None
 
-    return _wait(find, "the scheduler to grant a slot", 60)
+    return wait_for(find, "the scheduler to grant a slot", 60)
 
 
 def pending_reclaims(jobs: list) -> bool:
@@ -207,7 +190,7 @@ def new_shares(jobs: list, before: dict[int, int]) -> dict[int, int]:
             return sizes
         return None
 
-    return _wait(check, "the scheduler's new shares to be granted", 180)
+    return wait_for(check, "the scheduler's new shares to be granted", 180)
 
 
 def trained_at(jobs: list, sizes: dict[int, int], since: float) -> dict[int, float]:
@@ -216,7 +199,7 @@ def trained_at(jobs: list, sizes: dict[int, int], since: float) -> dict[int, flo
         seen = {job.pk: first_step(job, sizes[job.pk], since) for job in jobs}
         return seen if all(seen.values()) else None
 
-    return _wait(check, f"the jobs to train at {sizes}", 180)
+    return wait_for(check, f"the jobs to train at {sizes}", 180)
 
 
 # -- one cycle: submit + shrink, two priority changes, kill + grow -------------------------
@@ -229,7 +212,7 @@ def cycle(bench: Bench, a, n: int) -> dict[str, list[float]]:
     t0 = time.time()
     b = bench.submit(f"b{n}")
     sizes = new_shares([a, b], {a.pk: total, b.pk: 0})
-    b_first = _wait(lambda: _any_step(b, t0), "job B's first step", 180)
+    b_first = wait_for(lambda: _any_step(b, t0), "job B's first step", 180)
     out["submit"].append(b_first - t0)
     out["shrink"].append(trained_at([a], sizes, t0)[a.pk] - first_reclaim([a], t0))
     for priority in (10000, 5000):
@@ -269,14 +252,14 @@ def where_time_went(jobs: list, since: float, trained: float) -> dict[str, float
 
 def _any_step(job, after: float) -> float | None:
     """When the job's first step (at any size) that started after ``after`` ended."""
-    stamps = [s["ts"] for s in _steps(Path(job.env_vars["EDT_STEP_LOG"]))
+    stamps = [s["ts"] for s in step_rows(Path(job.env_vars["EDT_STEP_LOG"]))
               if s["ts_start"] >= after]
     return stamps[0] if stamps else None
 
 
 def iteration_s(job, size: int) -> float:
     """The job's median time from one step's start to the next's, at ``size`` workers."""
-    starts = [s["ts_start"] for s in _steps(Path(job.env_vars["EDT_STEP_LOG"]))
+    starts = [s["ts_start"] for s in step_rows(Path(job.env_vars["EDT_STEP_LOG"]))
               if s["size"] == size]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False) if 0 < b - a < 5]
     return statistics.median(gaps) if gaps else float("nan")
@@ -333,21 +316,22 @@ def figures(ours: dict, peers: dict, kills: dict) -> dict[str, Any]:
     s, it = ours["samples"], ours["iteration_s"]
     out: dict[str, Any] = {}
     for name in ("grow", "shrink", "submit", "priority"):
-        out[f"{name}_p50_s"] = _r(_pct(s[name], 0.5))
-        out[f"{name}_p95_s"] = _r(_pct(s[name], 0.95))
+        out[f"{name}_p50_s"] = _r(percentile(s[name], 0.5))
+        out[f"{name}_p95_s"] = _r(percentile(s[name], 0.95))
         out[f"{name}_n"] = len(s[name])
     out["iteration_s"] = _r(it, 4)
     for name in ("torchrun_restart_s", "torchrun_join_s", "torchft_heal_s", "torchft_join_s"):
         out[name] = _r(peers.get(name))
     out["grow_vs_torchrun"] = _ratio(out["torchrun_join_s"], out["grow_p95_s"])
     out["shrink_vs_torchrun"] = _ratio(out["torchrun_restart_s"], out["shrink_p95_s"])
-    out["kill_recovery_p95_s"] = _r(_pct(kills["quiet"], 0.95)) if kills.get("quiet") else None
-    out["kill_recovery_loaded_p95_s"] = (_r(_pct(kills["loaded"], 0.95))
+    out["kill_recovery_p95_s"] = (_r(percentile(kills["quiet"], 0.95))
+                                  if kills.get("quiet") else None)
+    out["kill_recovery_loaded_p95_s"] = (_r(percentile(kills["loaded"], 0.95))
                                          if kills.get("loaded") else None)
     out["peer_reasons"] = peers.get("reasons", {})
     out["peer_failures"] = peers.get("failures", {})
-    out["priority_parts"] = {k: (_r(_pct(v, 0.5)), _r(_pct(v, 0.95))) for k, v in s.items()
-                             if k.startswith("  ") and v}
+    out["priority_parts"] = {k: (_r(percentile(v, 0.5)), _r(percentile(v, 0.95)))
+                             for k, v in s.items() if k.startswith("  ") and v}
     return out
 
 
@@ -395,7 +379,7 @@ def main() -> None:
     parser.add_argument("--no-kills", action="store_true")
     args = parser.parse_args()
     cycles, repeat, kills = (3, 2, 5) if args.quick else (args.cycles, 5, 20)
-    processes.install()
+    harness.install()
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
@@ -411,7 +395,7 @@ def main() -> None:
     kills = {} if args.no_kills else run_kill_series(kills)
     result = figures(ours, peers, kills)
     print(table(result))
-    print(json.dumps(result))
+    harness.print_result(result)
 
 
 if __name__ == "__main__":

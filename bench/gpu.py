@@ -27,14 +27,16 @@
    per step (each makes the host wait for the GPU), the host and device time per step, and
    the tables and timelines left in ``--profile-dir``.
 
-Run: ``.venv/bin/python bench/gpu.py [--device auto|cuda|cpu] [--quick]
+Run: ``.venv/bin/python -m bench.gpu [--device auto|cuda|cpu] [--quick]
 [--models resnet,transformer] [--windows N] [--processes N] [--rounds N] [--steps N]
 [--batch N] [--sides fabric_alone,plain_control,...] [--parts throughput,memory,checkpoint,
 overhead,profile] [--profile-dir DIR]``. On a machine
 without a GPU (or with ``--device cpu``) the NVML parts say "no GPU" and are skipped; the
 rest runs on the CPU.
 Prints a table; the last line is one JSON object. This file is also the plain loop's script
-(``--as plain``). Every process it starts ends with it (``bench/processes.py``).
+(``--as plain``). Every process it starts ends with it (``bench/processes.py``). The
+diagnostics (the sides ``--sides`` adds, the probes inside each side's processes, their
+lines and keys) are ``bench/gpu_diagnostics.py``'s.
 """
 
 from __future__ import annotations
@@ -56,25 +58,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench import processes  # noqa: E402
-from bench.gate import EVERY, FIRST, GATE  # noqa: E402
-from bench.opcost import OPCOST  # noqa: E402
-from bench.phases import PHASES  # noqa: E402
-from bench.runtime import (  # noqa: E402
-    Workload,
-    _env,
-    _StepRows,
-    _steps,
-    _throughput,
-    _wait,
-    _workload_vars,
+from bench import gpu_diagnostics as diagnostics
+from bench import harness
+from bench.gate import EVERY, FIRST, GATE
+from bench.gpu_diagnostics import EXTRA_SIDES, listed
+from bench.harness import (
+    StepRows,
+    bench_env,
+    module_command,
+    step_rows,
+    throughput,
+    wait_for,
 )
-from bench.threads import ThreadTimes  # noqa: E402
+from bench.runtime import Workload, workload_vars
 
-RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
+# tests/benches/test_gpu_bench.py reads these through this module; they are the diagnostics'
+# (bench/gpu_diagnostics.py), kept here until those tests read them there.
+SEED_EACH_STEP = diagnostics.SEED_EACH_STEP
+_runtime_randomness = diagnostics.runtime_randomness
+_seeding, _side_env = diagnostics.seeding, diagnostics.side_env
+
+RUNTIME_BENCH = "bench.runtime"  # FabricModel's training script (--as fabric)
 TARGET_RATIO = 0.97
 PARTS = ("throughput", "memory", "checkpoint", "overhead", "profile")
 DEFAULT_PARTS = ("throughput", "memory", "checkpoint", "overhead")
@@ -107,42 +111,6 @@ def _amp(device: Any) -> tuple[Any, Any]:
     return torch.bfloat16, None
 
 
-# The plain loop's switch for the plain_seeded side (see _seeding).
-SEED_EACH_STEP = "BENCH_SEED_EACH_STEP"
-
-
-def _runtime_randomness(device: Any) -> Any:
-    """``runtime/randomness.py``'s ``Randomness``, loaded from that file alone: the runtime's
-    own seeding, without the rest of the runtime, which the plain loop's process never
-    imports (the file needs only torch and the standard library)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_bench_randomness",
-                                                  REPO / "runtime" / "randomness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Randomness(0, device)
-
-
-def _seeding(device: Any) -> Callable[[int], contextlib.AbstractContextManager]:
-    """What wraps each step's forward pass in the plain loop: nothing, or, on the
-    plain_seeded side, the generators seeded as FabricModel seeds them, by the runtime's own
-    code: once for the step's samples, once around its forward pass (the GPU's generator
-    too, so dropout draws from one reset every step)."""
-    if os.environ.get(SEED_EACH_STEP) != "1":
-        return lambda _step: contextlib.nullcontext()
-    randomness = _runtime_randomness(device)
-
-    @contextlib.contextmanager
-    def seeded(step: int) -> Iterator[None]:
-        with randomness.samples(0, step):
-            pass  # the samples were read already; the runtime seeds before reading them
-        with randomness.micro_batch(0, step, 0):
-            yield
-
-    return seeded
-
-
 def as_plain() -> None:
     """One process, one device, the loop a user writes without any framework."""
     import torch
@@ -152,20 +120,20 @@ def as_plain() -> None:
     from bench import opcost
     from bench.gate import Gate
     from bench.profiling import from_env
-    from bench.runtime import _model_and_data, _workload_env
+    from bench.runtime import model_and_data, workload_env
 
     profiler = from_env()  # the profile part's, else None
     gate = Gate()  # the throughput part's pauses between windows, else a no-op
-    name, width, batch = _workload_env()
+    name, width, batch = workload_env()
     device = torch.device(os.environ["BENCH_DEVICE"])
-    model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
+    model, data = model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
     model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     amp = os.environ.get("BENCH_AMP") == "1"
     dtype, scaler = _amp(device) if amp else (torch.float32, None)
     loader = DataLoader(data, batch_size=batch, shuffle=True, num_workers=0,
                         generator=torch.Generator().manual_seed(0))
-    seeding = _seeding(device)
+    seeding = diagnostics.seeding(device)
     with open(os.environ["EDT_STEP_LOG"], "a", buffering=1) as log:
         for step, (x, y) in enumerate(loader, 1):
             t0 = time.time()
@@ -203,12 +171,12 @@ def _device_env(device: str) -> dict[str, str]:
 
 
 # The plain loop's process: this file, in its training script's role.
-PLAIN_LOOP = [sys.executable, __file__, "--as", "plain"]
+PLAIN_LOOP = module_command("bench.gpu", "--as", "plain")
 
 
 def _plain_env(tmp: Path, w: Workload, device: str, amp: bool,
                extra: dict[str, str]) -> dict[str, str]:
-    return _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
+    return bench_env(tmp, **workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
                 BENCH_AMP="1" if amp else "0", **extra)
 
 
@@ -222,8 +190,8 @@ def run_plain(tmp: Path, w: Workload, device: str, amp: bool = False,
                             stderr=subprocess.STDOUT, timeout=1800).returncode
     if rc != 0:
         raise RuntimeError(f"the plain loop failed; see {tmp / 'plain.log'}")
-    rows = _steps(tmp / "steps.jsonl")
-    return (*_throughput(rows, warmup=w.warmup), rows[-1]["loss"])
+    rows = step_rows(tmp / "steps.jsonl")
+    return (*throughput(rows, warmup=w.warmup), rows[-1]["loss"])
 
 
 def _fabric_has_precision() -> bool:
@@ -243,7 +211,7 @@ def _precision(device: str) -> str:
 
 def _fabric_env(tmp: Path, w: Workload, device: str, amp: bool,
                 extra: dict[str, str]) -> dict[str, str]:
-    return _env(tmp, **_workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
+    return bench_env(tmp, **workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
                 EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
                 BENCH_PRECISION=_precision(device) if amp else "", **extra)
 
@@ -252,23 +220,13 @@ def _fabric_env(tmp: Path, w: Workload, device: str, amp: bool,
 def _fabric_job(tmp: Path, w: Workload, device: str, amp: bool,
                 extra: dict[str, str]) -> Iterator[Any]:
     """A job of one worker under its driver, started; ended on leaving."""
-    from runtime.launcher import LocalJob
+    from runtime.tests.launcher import LocalJob
 
     env = _fabric_env(tmp, w, device, amp, extra)
-    with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
+    with LocalJob(env=env, module=RUNTIME_BENCH, args=["--as", "fabric"]) as job:
         job.start_driver()
         job.add_worker("w0")
         yield job
-
-
-def _alone_process(tmp: Path, w: Workload, device: str, amp: bool,
-                   extra: dict[str, str]) -> subprocess.Popen:
-    """The same FabricModel script run as ``python main.py``: one process, no driver (it logs
-    the group's metrics itself), no link to one."""
-    with (tmp / "alone.log").open("wb") as out:
-        return subprocess.Popen([sys.executable, RUNTIME_BENCH, "--as", "fabric"],
-                                env=_fabric_env(tmp, w, device, amp, extra), stdout=out,
-                                stderr=subprocess.STDOUT)
 
 
 def _plain_process(tmp: Path, w: Workload, device: str, amp: bool,
@@ -292,47 +250,15 @@ def run_fabric(tmp: Path, w: Workload, device: str, amp: bool = False,
     with _fabric_job(tmp, w, device, amp, extra) as job:
         if job.wait(1800) != 0:
             raise RuntimeError(f"the FabricModel job failed; see {tmp}/log")
-    return _throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup)
+    return throughput(step_rows(tmp / "steps.jsonl"), warmup=w.warmup)
 
 
 # The throughput part's sides: (what runs, AMP) of each. "fabric" is a job (a driver and one
-# worker), "alone" the same script as one process without a driver, "plain" the plain loop.
+# worker), "plain" the plain loop; the diagnostic sides --sides may add are
+# bench/gpu_diagnostics.py's.
 SIDES = {"fabric": ("fabric", False), "plain": ("plain", False),
-         "plain_amp": ("plain", True), "fabric_amp": ("fabric", True),
-         "fabric_alone": ("alone", False), "plain_malloc": ("plain", False),
-         "fabric_nomalloc": ("alone", False), "plain_control": ("plain", False),
-         "plain_seeded": ("plain", False)}
+         "plain_amp": ("plain", True), "fabric_amp": ("fabric", True), **diagnostics.SIDES}
 DEFAULT_SIDES = ("fabric", "plain", "plain_amp", "fabric_amp")
-# The sides --sides may add, each compared with the plain loop in float32, and what it tells.
-EXTRA_SIDES = {
-    "fabric_alone": "FabricModel as one process, no driver (float32): what the driver and the "
-                    "link to it cost, apart from the worker's own work",
-    "plain_malloc": "the plain loop with the worker's malloc settings (runtime/allocator.py): "
-                    "what they do to a step, apart from the runtime's code",
-    "fabric_nomalloc": "FabricModel as one process with glibc's own malloc settings: what the "
-                       "worker's settings do to it, the other way round",
-    "plain_control": "a second plain loop, the same program: how far two processes of one "
-                     "program differ in this run, the floor under any other ratio here",
-    "plain_seeded": "the plain loop seeding the generators each step as the runtime does, by "
-                    "its own code (torch's, the GPU's, Python's, NumPy's): what that costs a "
-                    "step, apart from the rest of the runtime",
-}
-# A variable by which a job says it chose its own allocator, so that the worker leaves glibc's
-# settings as they are (runtime/allocator.py); glibc itself reads no such variable.
-_OWN_ALLOCATOR = {"MALLOC_CONF": "bench:glibc-defaults"}
-_FIXED_SIDE_ENV = {"fabric_nomalloc": _OWN_ALLOCATOR, "plain_seeded": {SEED_EACH_STEP: "1"}}
-
-
-def _side_env(name: str) -> dict[str, str]:
-    """A side's own environment, beside its workload's (the runtime imported here: the plain
-    loop's process, which runs this file, imports nothing of the runtime)."""
-    if name == "plain_malloc":
-        from runtime import allocator
-
-        return allocator.as_environment()
-    return dict(_FIXED_SIDE_ENV.get(name, {}))
-
-
 WINDOW_WAIT_S = 600.0  # a side's warm-up (its process's start) or one window, at most
 
 
@@ -352,17 +278,16 @@ class _Windows:
         # other end: the process's read then waits for a byte, not for a writer.
         self.fd = os.open(gate, os.O_RDWR)
         self._ends.callback(os.close, self.fd)
-        self.rows = self._ends.enter_context(_StepRows(tmp / "steps.jsonl"))
+        self.rows = self._ends.enter_context(StepRows(tmp / "steps.jsonl"))
         self.windows_done = 0
         kind, amp = SIDES[name]
         steps = replace(w, steps=w.warmup + windows * w.steps)
-        self.opcost = tmp / "opcost.json"
-        self.phases_file = tmp / "phases.json"
+        self.probes = diagnostics.Probes(tmp)
         extra = {GATE: str(gate), FIRST: str(w.warmup), EVERY: str(w.steps),
-                 OPCOST: str(self.opcost), PHASES: str(self.phases_file), **_side_env(name)}
+                 **self.probes.env, **diagnostics.side_env(name)}
         self.job = self.proc = None
         try:
-            self.threads = ThreadTimes(self._start(kind, steps, device, amp, extra))
+            self.probes.watch(self._start(kind, steps, device, amp, extra))
         except Exception as exc:
             self._ends.close()
             raise RuntimeError(f"the {name} side did not start ({exc}); see {tmp}") from exc
@@ -373,8 +298,11 @@ class _Windows:
         if kind == "fabric":
             self.job = self._ends.enter_context(_fabric_job(self.tmp, w, device, amp, extra))
             return {"worker": self.job.workers["w0"].pid, "driver": self.job.driver.pid}
-        start = _alone_process if kind == "alone" else _plain_process
-        self.proc = start(self.tmp, w, device, amp, extra)
+        if kind == "alone":
+            self.proc = diagnostics.alone_process(
+                self.tmp, _fabric_env(self.tmp, w, device, amp, extra))
+        else:
+            self.proc = _plain_process(self.tmp, w, device, amp, extra)
         self._ends.callback(_killed, self.proc)
         return {kind: self.proc.pid}
 
@@ -393,7 +321,7 @@ class _Windows:
             return False
 
         try:
-            _wait(there, what, WINDOW_WAIT_S)
+            wait_for(there, what, WINDOW_WAIT_S)
         except TimeoutError:
             raise TimeoutError(f"the {self.name} side did not finish {what} in "
                                f"{WINDOW_WAIT_S:.0f} s; see {self.tmp}") from None
@@ -406,34 +334,27 @@ class _Windows:
     def measure_ops(self) -> dict[str, float]:
         """The side's turn to time small operations in its process (``bench/opcost.py``)."""
         os.write(self.fd, b"o")
-        self._until(self.opcost.exists, "timing its operations")
-        return json.loads(self.opcost.read_text())
+        self._until(self.probes.opcost.exists, "timing its operations")
+        return self.probes.ops()
 
     def open(self) -> None:
         """One window: the side trains ``w.steps`` steps, then pauses again."""
         self.windows_done += 1
-        self.threads.start()
+        self.probes.threads.start()
         os.write(self.fd, b"w")
         last = self.w.warmup + self.windows_done * self.w.steps
         self._until(lambda: len(self.rows()) >= last, f"window {self.windows_done}")
-        self.threads.stop(self.w.steps)
+        self.probes.threads.stop(self.w.steps)
 
     def figures(self) -> list[tuple[float, float]]:
         """(samples/s, median iteration s) of each window: from its first step's end to its
         last's, so the pause before it counts for nothing."""
         rows, first, every = self.rows(), self.w.warmup, self.w.steps
-        return [_throughput(rows[first + k * every: first + (k + 1) * every], warmup=0)
+        return [throughput(rows[first + k * every: first + (k + 1) * every], warmup=0)
                 for k in range(self.windows_done)]
 
     def last_loss(self) -> float:
         return self.rows()[-1]["loss"]
-
-    def phases(self) -> dict[str, float] | None:
-        """The medians of the step's phases so far (``bench/phases.py``), if written yet."""
-        try:
-            return json.loads(self.phases_file.read_text())
-        except FileNotFoundError:
-            return None
 
     def finish(self) -> None:
         """Lets the side go past its last pause and end."""
@@ -489,8 +410,8 @@ def throughput_part(tmp: Path, w: Workload, device: str, windows: int,
             for side in order[k % len(order):] + order[: k % len(order)]:
                 side.open()
         figures = {n: [side.figures() for side in procs[n]] for n in names}
-        threads = {label: side.threads.per_step() for label, side in everyone.items()}
-        phases = {label: side.phases() for label, side in everyone.items()}
+        threads = {label: side.probes.threads.per_step() for label, side in everyone.items()}
+        phases = {label: side.probes.phases() for label, side in everyone.items()}
         amp_loss = procs["plain_amp"][0].last_loss()
         for side in everyone.values():
             side.finish()
@@ -524,8 +445,7 @@ def window_summary(figures: Figures, amp_loss: float) -> dict[str, Any]:
            "plain": median_of("plain", 0), "plain_it": median_of("plain", 1),
            "amp": median_of("plain_amp", 0), "amp_loss": amp_loss, "fabric_amp": fabric_amp,
            "ratios": ratios("fabric", "plain"), "amp_ratios": ratios("fabric_amp", "plain_amp")}
-    out["extra"] = {name: {"samples_per_s": median_of(name, 0), "ratios": ratios(name, "plain")}
-                    for name in EXTRA_SIDES if figures.get(name)}
+    out["extra"] = diagnostics.extra_figures(figures, median_of, ratios)
     if max(len(p) for p in figures.values()) > 1:
         out["processes"] = {name: [round(statistics.median(f[0] for f in process), 1)
                                    for process in procs]
@@ -609,19 +529,19 @@ def memory_part(tmp: Path, w: Workload, device: str = "cuda",
     """NVML used memory before, during and after a worker's life on the GPU. ``device`` and
     ``used_mb`` are parameters so that the part's own mechanics (a job that trains until it is
     stopped, its worker gone) are tested on a CPU with a stand-in for NVML."""
-    from runtime.launcher import LocalJob
+    from runtime.tests.launcher import LocalJob
 
     tmp.mkdir(parents=True)
     # Within 16 MiB of it counts as back at the baseline (NVML rounds, other processes move).
     baseline = used_mb()
     # Epochs enough to still be training when measured: the job is stopped, not finished.
-    workload = {**_workload_vars(w, 1), "BENCH_EPOCHS": "1000"}
-    env = _env(tmp, **workload, **_device_env(device), BENCH_ENGINES="1", EDT_MIN_WORKERS="1",
+    workload = {**workload_vars(w, 1), "BENCH_EPOCHS": "1000"}
+    env = bench_env(tmp, **workload, **_device_env(device), BENCH_ENGINES="1", EDT_MIN_WORKERS="1",
                RESULT_DIR=str(tmp))
-    with LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job:
+    with LocalJob(env=env, module=RUNTIME_BENCH, args=["--as", "fabric"]) as job:
         job.start_driver()
         job.add_worker("w0")
-        _wait(lambda: len(_steps(tmp / "steps.jsonl")) >= w.warmup, "the worker's steps", 600)
+        wait_for(lambda: len(step_rows(tmp / "steps.jsonl")) >= w.warmup, "the worker's steps", 600)
         training = used_mb()
         job.stop()
         job.wait(120)
@@ -654,9 +574,9 @@ def _trained(w: Workload, device: Any, steps: int) -> tuple[Any, Any, Any, Any]:
     import torch
     from torch.nn import functional as F
 
-    from bench.runtime import _model_and_data
+    from bench.runtime import model_and_data
 
-    model, data = _model_and_data(w.batch * 4, w.model, w.width)
+    model, data = model_and_data(w.batch * 4, w.model, w.width)
     model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dtype, scaler = _amp(device)
@@ -718,17 +638,9 @@ def _summary(device: str, gpus: list, per_model: dict, *parts: dict) -> dict:
         result[f"amp_loss_finite_{name}"] = math.isfinite(c["amp_loss"])
         result[f"fabric_vs_plain_windows_{name}"] = c["ratios"]
         result[f"fabric_vs_plain_amp_windows_{name}"] = c["amp_ratios"]
-        if "op_us" in c:
-            result[f"op_us_{name}"] = c["op_us"]
-        if "threads" in c:
-            result[f"threads_{name}"] = c["threads"]
-        if c.get("phases"):
-            result[f"phases_{name}"] = c["phases"]
         if "processes" in c:
             result[f"processes_{name}"] = c["processes"]
-        for side, e in c.get("extra", {}).items():
-            result[f"{side}_vs_plain_{name}"] = round(statistics.median(e["ratios"]), 3)
-            result[f"{side}_vs_plain_windows_{name}"] = e["ratios"]
+        result.update(diagnostics.summary_keys(name, c))
     for part in parts:  # memory, checkpoint, overhead: their keys as they are
         result.update(part)
     return result
@@ -759,17 +671,10 @@ def _table(result: dict, per_model: dict, windows: int, per_side: int = 1) -> st
         lines.append(f"{'':<12}AMP / float32 (plain loop): {result[f'amp_vs_fp32_{name}']:.3f}, "
                      f"loss finite: {result[f'amp_loss_finite_{name}']}")
         if windows * per_side > 1:
-            lines.append(f"{'':<12}each window's ratio: float32 {_listed(c['ratios'])}; "
-                         f"AMP {_listed(c['amp_ratios'])}")
+            lines.append(f"{'':<12}each window's ratio: float32 {listed(c['ratios'])}; "
+                         f"AMP {listed(c['amp_ratios'])}")
         lines += _process_lines(c.get("processes") or {})
-        for side, e in c.get("extra", {}).items():
-            lines.append(f"{'':<12}{EXTRA_SIDES[side].split(':')[0]}: "
-                         f"{e['samples_per_s']:,.1f}/s, "
-                         f"{result[f'{side}_vs_plain_{name}']:.3f} of the plain loop; "
-                         f"each window's {_listed(e['ratios'])}")
-        lines += _op_lines(c.get("op_us") or {})
-        lines += _thread_lines(c.get("threads") or {})
-        lines += _phase_lines(c.get("phases") or {})
+        lines += diagnostics.table_lines(result, name, c)
     if "gpu_memory_released" in result:
         lines.append(f"GPU memory: {result['gpu_memory_baseline_mb']} MiB before, "
                      f"{result['gpu_memory_training_mb']} training, "
@@ -800,40 +705,6 @@ def _process_lines(processes: dict[str, list[float]]) -> list[str]:
             + ", ".join(f"{v:,.1f}" for v in each) + f"/s (fastest / slowest "
             f"{max(each) / min(each):.3f})"
             for side, each in processes.items()]
-
-
-def _op_lines(ops: dict[str, dict[str, float]]) -> list[str]:
-    """The host's microseconds a small operation inside each side's process."""
-    return [f"{'':<12}host us a call inside the {side} process: add_ {f['add_us']:.2f}, "
-            f"forward+backward {f['fwd_bwd_us']:.2f}, with AMP {f['fwd_bwd_amp_us']:.2f}"
-            for side, f in ops.items()]
-
-
-def _thread_lines(threads: dict[str, dict[str, dict[str, float]]]) -> list[str]:
-    """Each side's host time a step, thread by thread (``bench/threads.py``)."""
-    def one(name: str, f: dict[str, float]) -> str:
-        waited = f", waited {f['waited_us']:,.0f} us" if f["waited_us"] else ""
-        return (f"{name} {f['cpu_us']:,.0f} us ({f['preempted']:.2f} preempted, "
-                f"{f['sleeps']:.2f} sleeps{waited})")
-
-    return [f"{'':<12}host CPU a step in the {side} side: "
-            + "; ".join(one(name, f) for name, f in by_thread.items())
-            for side, by_thread in threads.items()]
-
-
-def _phase_lines(phases: dict[str, dict[str, float] | None]) -> list[str]:
-    """Each side's median step, cut where its model's hooks fire (``bench/phases.py``)."""
-    def us(f: dict[str, float], key: str) -> str:
-        return f"{f[key]:,.0f}" if key in f else "n/a"
-
-    return [f"{'':<12}host us a step in the {side} side: forward {us(f, 'forward_us')}, loss "
-            f"{us(f, 'loss_us')}, backward {us(f, 'backward_us')}, the rest {us(f, 'rest_us')} "
-            f"(step {us(f, 'step_us')})"
-            for side, f in phases.items() if f]
-
-
-def _listed(ratios: list[float]) -> str:
-    return ", ".join(f"{r:.3f}" for r in ratios) or "n/a"
 
 
 def _profile_lines(result: dict) -> list[str]:
@@ -940,7 +811,7 @@ def main() -> None:
     extra = [s for s in args.sides.split(",") if s] + (["fabric_alone"] if args.alone else [])
     if unknown := sorted(set(extra) - set(EXTRA_SIDES)):
         parser.error(f"unknown side(s) {', '.join(unknown)}: choose from {', '.join(EXTRA_SIDES)}")
-    processes.install()
+    harness.install()
     import torch
 
     device = args.device if args.device != "auto" else (
@@ -960,7 +831,7 @@ def main() -> None:
     result["failed_parts"] = failed
     result["host"] = host_facts()
     print(_table(result, per_model, windows, per_side))
-    print(json.dumps(result))
+    harness.print_result(result)
     if failed:
         sys.exit(1)
 

@@ -21,7 +21,7 @@ times, from the kill, the first step of a later generation with all three surviv
 counts the kills after which a survivor was dropped on the way (a first step without the
 victim at fewer than three) and those after which the job did not go on within a minute.
 
-Run: ``.venv/bin/python bench/kill_recovery.py [--kills 20] [--forming 20]`` (about 7
+Run: ``.venv/bin/python -m bench.kill_recovery [--kills 20] [--forming 20]`` (about 7
 minutes on 2 cores). Prints a table; the last line is one JSON object:
 ``kill_recovery_p50_s``, ``kill_recovery_p95_s``, ``kill_recovery_loaded_p50_s``,
 ``kill_recovery_loaded_p95_s``, ``kill_forming_p50_s``, ``kill_forming_p95_s``,
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -47,12 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import harness
+from bench.harness import StepRows, bench_env, percentile, wait_for
+from bench.runtime import BATCH
 
-from bench import processes  # noqa: E402
-from bench.runtime import BATCH, _env, _pct, _StepRows, _wait  # noqa: E402
-
-RUNTIME_BENCH = str(Path(__file__).with_name("runtime.py"))
+RUNTIME_BENCH = "bench.runtime"  # the training script of its runs (--as fabric)
 PEER_TIMEOUT_S = 20.0  # the product's default (EDT_PEER_TIMEOUT_S)
 FORMING_SPREAD = 1.25  # the forming kills' delays span this times the growth's own time
 STUCK_S = 60.0  # a forming kill after which the job has not gone on by then is stuck
@@ -71,27 +69,27 @@ def busy(loaded: bool) -> Iterator[None]:
             p.wait(10)
 
 
-def _settled(steps: _StepRows, size: int, after: float, n: int) -> bool:
+def _settled(steps: StepRows, size: int, after: float, n: int) -> bool:
     return sum(1 for r in steps() if r["size"] == size and r["ts_start"] >= after) >= n
 
 
 @contextlib.contextmanager
-def _three_workers(tmp: Path) -> Iterator[tuple[Any, _StepRows, list[str]]]:
+def _three_workers(tmp: Path) -> Iterator[tuple[Any, StepRows, list[str]]]:
     """A long job (it never ends by itself) of 3 workers that have trained 10 steps: the job,
     its step log and the ids of its live workers, oldest first. Stopped on the way out."""
-    from runtime.launcher import LocalJob
+    from runtime.tests.launcher import LocalJob
 
     tmp.mkdir(parents=True)
-    env = _env(tmp, BENCH_SAMPLES=str(BATCH * 4 * 400), BENCH_EPOCHS="1000",
+    env = bench_env(tmp, BENCH_SAMPLES=str(BATCH * 4 * 400), BENCH_EPOCHS="1000",
                BENCH_ENGINES="4", EDT_MIN_WORKERS="3", RESULT_DIR=str(tmp),
                EDT_METRICS_INTERVAL_S="5")
-    with (LocalJob(RUNTIME_BENCH, env=env, args=["--as", "fabric"]) as job,
-          _StepRows(tmp / "steps.jsonl") as steps):
+    with (LocalJob(env=env, module=RUNTIME_BENCH, args=["--as", "fabric"]) as job,
+          StepRows(tmp / "steps.jsonl") as steps):
         job.start_driver()
         live = [f"w{i}" for i in range(3)]
         for wid in live:
             job.add_worker(wid)
-        _wait(lambda: _settled(steps, 3, 0, 10), "10 steps at 3 workers")
+        wait_for(lambda: _settled(steps, 3, 0, 10), "10 steps at 3 workers")
         yield job, steps, live
         job.stop()
         job.wait(120)
@@ -106,7 +104,7 @@ def run_kills(tmp: Path, kills: int, loaded: bool) -> tuple[list[float], float]:
                 victim = live.pop(0)
                 t_kill = time.time()
                 job.kill_worker(victim)
-                first = _wait(lambda t=t_kill: next(
+                first = wait_for(lambda t=t_kill: next(
                     (r for r in steps() if r["size"] == 2 and r["ts_start"] >= t), None),
                     f"the first step without {victim}")
                 recoveries.append(first["ts_start"] - t_kill)
@@ -114,7 +112,7 @@ def run_kills(tmp: Path, kills: int, loaded: bool) -> tuple[list[float], float]:
                 job.add_worker(replacement)
                 live.append(replacement)
                 back = time.time()
-                _wait(lambda t=back: _settled(steps, 3, t, 3), f"3 workers again after kill {i}")
+                wait_for(lambda t=back: _settled(steps, 3, t, 3), f"3 workers again after kill {i}")
         rows = [r for r in steps() if r["size"] == 3]
         its = [b["ts"] - a["ts"] for a, b in zip(rows, rows[1:], strict=False)
                if b["global_step"] == a["global_step"] + 1]
@@ -137,7 +135,7 @@ class Forming:
         return sum(r > 1 for r in self.recoveries)
 
 
-def _after(steps: _StepRows, generation: int, t: float) -> list[dict]:
+def _after(steps: StepRows, generation: int, t: float) -> list[dict]:
     return [r for r in steps() if r["generation"] > generation and r["ts_start"] >= t]
 
 
@@ -149,10 +147,10 @@ def _grow(job, newcomer: str) -> dict:
         status = job.status()
         return status if newcomer in status["members"] else None
 
-    return _wait(announced, f"a generation with {newcomer}")
+    return wait_for(announced, f"a generation with {newcomer}")
 
 
-def _kill_as_it_grows(job, steps: _StepRows, live: list[str], newcomer: str, delay: float,
+def _kill_as_it_grows(job, steps: StepRows, live: list[str], newcomer: str, delay: float,
                       out: Forming) -> bool:
     """Add ``newcomer``, kill the oldest of ``live`` ``delay`` s after the driver announced
     the generation with it, and wait for the three survivors to train. False if stuck."""
@@ -163,9 +161,9 @@ def _kill_as_it_grows(job, steps: _StepRows, live: list[str], newcomer: str, del
     job.kill_worker(victim)
     live.append(newcomer)
     try:
-        first = _wait(lambda: _after(steps, status["generation"], t_kill), "a step",
+        first = wait_for(lambda: _after(steps, status["generation"], t_kill), "a step",
                       STUCK_S)[0]
-        whole = first if first["size"] == 3 else _wait(
+        whole = first if first["size"] == 3 else wait_for(
             lambda: [r for r in _after(steps, first["generation"] - 1, t_kill)
                      if r["size"] == 3], "3 survivors", STUCK_S)[0]
     except TimeoutError:
@@ -178,17 +176,17 @@ def _kill_as_it_grows(job, steps: _StepRows, live: list[str], newcomer: str, del
     return True
 
 
-def _time_to_grow(job, steps: _StepRows, live: list[str]) -> float:
+def _time_to_grow(job, steps: StepRows, live: list[str]) -> float:
     """Seconds from the word of a generation with a newcomer to its first step at 4, on a
     growth without a kill; the oldest member is then killed, to train at 3 again."""
     status = _grow(job, "grown")
     t_word = time.time()
-    first = _wait(lambda: [r for r in _after(steps, status["generation"] - 1, t_word)
+    first = wait_for(lambda: [r for r in _after(steps, status["generation"] - 1, t_word)
                            if r["size"] == 4], "the first step at 4 workers")[0]
     job.kill_worker(live.pop(0))
     live.append("grown")
     back = time.time()
-    _wait(lambda: _settled(steps, 3, back, 3), "3 workers again after the growth")
+    wait_for(lambda: _settled(steps, 3, back, 3), "3 workers again after the growth")
     return first["ts_start"] - t_word
 
 
@@ -202,7 +200,7 @@ def run_forming_kills(tmp: Path, kills: int) -> Forming:
             if not _kill_as_it_grows(job, steps, live, f"f{i}", delay, out):
                 break  # the job is not going on: the next kills would measure nothing
             back = time.time()
-            _wait(lambda t=back: _settled(steps, 3, t, 3), f"3 workers steady after kill {i}")
+            wait_for(lambda t=back: _settled(steps, 3, t, 3), f"3 workers steady after kill {i}")
     return out
 
 
@@ -213,7 +211,7 @@ def main() -> None:
     parser.add_argument("--forming", type=int, default=20,
                         help="kills of the forming series (0: skip it)")
     args = parser.parse_args()
-    processes.install()
+    harness.install()
     tmp = Path(tempfile.mkdtemp(prefix="bench-kills-"))
     quiet, loaded, iteration_s = [], [], None
     if args.kills:
@@ -232,18 +230,18 @@ def main() -> None:
             "kill_forming_before_first_step": forming.before_first_step,
             "grow_s": round(forming.grow_s, 3),
         })
-    print(json.dumps({
+    harness.print_result({
         **figures, "iteration_s": iteration_s and round(iteration_s, 4),
         "peer_timeout_s": PEER_TIMEOUT_S, "kills": args.kills,
         "forming_kills": len(forming.recoveries) + forming.stuck,
-    }))
+    })
 
 
 def _figures(prefix: str, values: list[float]) -> dict[str, float]:
     if not values:
         return {}
-    return {f"{prefix}_p50_s": round(_pct(values, 0.5), 3),
-            f"{prefix}_p95_s": round(_pct(values, 0.95), 3)}
+    return {f"{prefix}_p50_s": round(percentile(values, 0.5), 3),
+            f"{prefix}_p95_s": round(percentile(values, 0.95), 3)}
 
 
 def _table(args: argparse.Namespace, series: dict[str, list[float]], forming: Forming,
@@ -253,8 +251,8 @@ def _table(args: argparse.Namespace, series: dict[str, list[float]], forming: Fo
     print(f"{'series':<8}  {'kills':>5}  {'p50 s':>7}  {'p95 s':>7}  {'max s':>7}")
     for name, values in series.items():
         if values:
-            print(f"{name:<8}  {len(values):5d}  {_pct(values, 0.5):7.3f}  "
-                  f"{_pct(values, 0.95):7.3f}  {max(values):7.3f}")
+            print(f"{name:<8}  {len(values):5d}  {percentile(values, 0.5):7.3f}  "
+                  f"{percentile(values, 0.95):7.3f}  {max(values):7.3f}")
     if args.forming:
         print(f"forming: a member killed 0-{FORMING_SPREAD * forming.grow_s * 1000:.0f} ms "
               f"after the word of a generation with a newcomer (a growth alone takes "

@@ -13,7 +13,7 @@ Then it measures the job page in Chromium (``bench/job_page.py``): the long task
 of a 10,000-step job while live events arrive (``--no-job-page`` leaves this out;
 ``--cpu-slowdown 10`` runs the page's thread ten times slower, as on a slow or busy machine).
 
-Run: .venv/bin/python bench/live.py [--clients 50] [--events 200] [--rate 50] [--no-job-page]
+Run: .venv/bin/python -m bench.live [--clients 50] [--events 200] [--rate 50] [--no-job-page]
      [--cpu-slowdown N]
 (prints tables; the last line is one JSON object with ws_p50_ms and ws_p95_ms, and
 job_page_longest_task_ms and job_page_long_tasks_total_ms)
@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,19 +35,18 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import harness, job_page
+from bench.harness import REPO as ROOT
+from bench.harness import free_port, percentile, wait_for
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+def _answers(url: str) -> bool:
+    """Whether the server at ``url`` answers (any HTTP status) now."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - our own local server
+            return True
+    except OSError:
+        return False
 
 
 def prepare(root: Path, tag: str) -> dict[str, str]:
@@ -70,10 +68,10 @@ def prepare(root: Path, tag: str) -> dict[str, str]:
         "LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
     }
-    # data/bench/: the bench user's own area of the data root.
-    for folder in ("var", "data/bench/d/train", "data/bench/d/test", "models/m"):
+    # data/bench/, models/bench/: the bench user's own areas of the data and model roots.
+    for folder in ("var", "data/bench/d/train", "data/bench/d/test", "models/bench/m"):
         (root / folder).mkdir(parents=True)
-    (root / "models/m/main.py").write_text("print('bench')\n")
+    (root / "models/bench/m/main.py").write_text("print('bench')\n")
     os.environ.update({k: env[k] for k in env if k.startswith(("EDT_", "DATABASE_", "REDIS_"))})
     os.environ["SECRET_KEY"] = env["SECRET_KEY"]
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
@@ -170,10 +168,7 @@ def main() -> None:
     if args.cpu_slowdown < 1:
         parser.error("--cpu-slowdown must be 1 (no slowdown) or more")
 
-    sys.path.insert(0, str(ROOT))
-    from bench import processes
-
-    processes.install()  # daphne and run_events end with the bench, even on a signal
+    harness.install()  # daphne and run_events end with the bench, even on a signal
     tag = uuid.uuid4().hex[:10]
     root = Path(tempfile.mkdtemp(prefix="edt-bench-live-"))
     env = prepare(root, tag)
@@ -181,8 +176,6 @@ def main() -> None:
     subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     job_id, session = make_job()
-    from bench import job_page
-
     page_job = None if args.no_job_page else job_page.seed_job(username="bench")
     port = free_port()
     logs = [(root / name).open("w") for name in ("daphne.log", "run_events.log")]
@@ -193,15 +186,10 @@ def main() -> None:
                          env=env, stdout=logs[1], stderr=subprocess.STDOUT),
     ]
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2):  # noqa: S310
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("daphne did not start; see " + str(root)) from None
-                time.sleep(0.2)
+        try:
+            wait_for(lambda: _answers(f"http://127.0.0.1:{port}/login/"), "daphne", 60, 0.2)
+        except TimeoutError:
+            raise SystemExit("daphne did not start; see " + str(root)) from None
         latencies = asyncio.run(
             run_clients(args, port, job_id, session, env["EDT_EVENTS_STREAM"])
         )
@@ -226,8 +214,8 @@ def main() -> None:
         raise SystemExit("no event arrived")
     result = {
         "ws_p50_ms": round(statistics.median(latencies), 1),
-        "ws_p95_ms": round(percentile(latencies, 95), 1),
-        "ws_p99_ms": round(percentile(latencies, 99), 1),
+        "ws_p95_ms": round(percentile(latencies, 0.95, nearest=True), 1),
+        "ws_p99_ms": round(percentile(latencies, 0.99, nearest=True), 1),
         "ws_max_ms": round(max(latencies), 1),
         "clients": args.clients,
         "events": args.events,
@@ -257,7 +245,7 @@ def report(args: argparse.Namespace, latencies: list[float], result: dict) -> No
               f"{result['job_page_cpu_slowdown']:>12g}x")
     elif "job_page_skipped" in result:
         print(f"job page not measured: {result['job_page_skipped']}")
-    print(json.dumps(result))
+    harness.print_result(result)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark of the peers our elastic runtime is compared with, at the user's boundary.
 
-Same model and data as ``bench/runtime.py`` (``_model_and_data``: MLP 256-1024-1024-10,
+Same model and data as ``bench/runtime.py`` (``model_and_data``: MLP 256-1024-1024-10,
 batch 64 per process, SGD with momentum, gloo, one thread per process). Four figures, each
 the time until the END of the first optimizer step at the new size (so one iteration, about
 30 ms here, is included; the quorum of torchft happens inside a step, so the end of the step
@@ -29,7 +29,7 @@ is the only point that means the same thing for every peer):
 
 Each figure: p50 and p95 over ``--repeat`` repetitions (5; 2 with ``--quick``) and the raw
 values. A peer that cannot run here gives null and the reason. ``measure_peers()`` is the API
-for other benches. Usage: ``.venv/bin/python bench/peers.py [--quick] [--repeat N]``; prints a
+for other benches. Usage: ``.venv/bin/python -m bench.peers [--quick] [--repeat N]``; prints a
 table, then as its last line one JSON object. This file is also the training script of the
 runs (``--as torchrun`` / ``--as torchft``).
 """
@@ -54,21 +54,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench import harness
+from bench.harness import REPO, bench_env, free_port, kill_tree, percentile, wait_for
+from bench.runtime import BATCH, model_and_data
 
-from bench import processes  # noqa: E402
-from bench.runtime import (  # noqa: E402
-    BATCH,
-    _descendants,
-    _env,
-    _free_port,
-    _model_and_data,
-    _pct,
-    _wait,
-)
-
-SELF = str(Path(__file__).resolve())
+SELF = "bench.peers"  # this module: also the training script of its runs (--as)
 SAMPLES = BATCH * 64
 CKPT_EVERY = 10  # steps between checkpoints of the torchrun job ("each few steps")
 SETTLE_STEPS = 10  # steps at a size before a change is made
@@ -122,7 +112,7 @@ def as_torchrun() -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, data = _model_and_data(SAMPLES)
+    model, data = model_and_data(SAMPLES)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     ckpt = Path(os.environ["PEERS_CKPT"])
     step = _load_checkpoint(ckpt, model, optimizer)
@@ -146,7 +136,7 @@ def as_torchft() -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
     from torchft.checkpointing.pg_transport import PGTransport
 
-    model, data = _model_and_data(SAMPLES)
+    model, data = model_and_data(SAMPLES)
     inner = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def load_state_dict(state: dict) -> None:
@@ -244,9 +234,7 @@ class _Procs:
 
     def kill(self, name: str) -> None:
         """SIGKILL a process and everything below it, all at once (no orderly exit)."""
-        for pid in _descendants(self.procs[name].pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(self.procs[name].pid)
         self.procs[name].wait(10)
 
     def errors(self, name: str, limit: int = 3) -> str:
@@ -277,18 +265,18 @@ def _agent_cmd(port: int, is_host: bool) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:4",
             "--nproc-per-node=1", "--max-restarts=3", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=peers",
-            f"--rdzv-conf=is_host={int(is_host)}", SELF, "--as", "torchrun"]
+            f"--rdzv-conf=is_host={int(is_host)}", "--module", SELF, "--as", "torchrun"]
 
 
 def _torchrun_pair(procs: _Procs, tmp: Path, **extra: str) -> tuple[int, dict[str, str]]:
     """Two agents training at 2 processes; returns the rendezvous port and the env."""
     logdir = tmp / "steps"
     logdir.mkdir(parents=True)
-    env = _env(tmp, PEERS_LOG_DIR=str(logdir), PEERS_CKPT=str(tmp / "ckpt.pt"), **extra)
-    port = _free_port()
+    env = bench_env(tmp, PEERS_LOG_DIR=str(logdir), PEERS_CKPT=str(tmp / "ckpt.pt"), **extra)
+    port = free_port()
     for i in range(2):
         procs.start(f"agent{i}", _agent_cmd(port, i == 0), env)
-    _wait(_watch(procs, ["agent0", "agent1"],
+    wait_for(_watch(procs, ["agent0", "agent1"],
                  lambda: _count(logdir, "tr", 2) >= 2 * SETTLE_STEPS),
           "torchrun job training at 2 nodes", timeout=240)
     return port, env
@@ -299,7 +287,7 @@ def torchrun_restart_once(tmp: Path) -> float:
         _torchrun_pair(procs, tmp)
         t0 = time.time()
         procs.procs["agent1"].send_signal(signal.SIGTERM)
-        first = _wait(_watch(procs, ["agent0"], lambda: _first(tmp / "steps", "tr", 1, t0)),
+        first = wait_for(_watch(procs, ["agent0"], lambda: _first(tmp / "steps", "tr", 1, t0)),
                       "first step of the restarted 1-node torchrun job", timeout=240)
         return first["ts"] - t0
 
@@ -309,7 +297,7 @@ def torchrun_join_once(tmp: Path) -> float:
         port, env = _torchrun_pair(procs, tmp, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         t0 = time.time()
         procs.start("agent2", _agent_cmd(port, False), env)
-        first = _wait(_watch(procs, ["agent0", "agent1", "agent2"],
+        first = wait_for(_watch(procs, ["agent0", "agent1", "agent2"],
                              lambda: _first(tmp / "steps", "tr", 3, t0)),
                       "first step of the torchrun job at 3 nodes", timeout=240)
         return first["ts"] - t0
@@ -331,24 +319,24 @@ class _FtJob:
         self.logdir.mkdir(parents=True)
         self.live: list[str] = []
         self.started = 0
-        port = _free_port()
+        port = free_port()
         lighthouse = str(Path(sys.executable).with_name("torchft_lighthouse"))
         procs.start("lighthouse", [lighthouse, "--min_replicas", "1", "--quorum_tick_ms", "100",
                                    "--join_timeout_ms", "10000", "--bind", f"127.0.0.1:{port}"],
-                    _env(tmp))
+                    bench_env(tmp))
         self.url = f"http://127.0.0.1:{port}"
-        _wait(_watch(procs, ["lighthouse"], lambda: _port_open(port)), "torchft lighthouse up",
+        wait_for(_watch(procs, ["lighthouse"], lambda: _port_open(port)), "torchft lighthouse up",
               timeout=30)
 
     def start(self) -> str:
         name = f"r{self.started}"
-        env = _env(self.tmp, PEERS_LOG_DIR=str(self.logdir), PEERS_REPLICA=name,
-                   PEERS_REPLICA_INDEX=str(self.started % 3), TORCHFT_LIGHTHOUSE=self.url)
+        env = bench_env(self.tmp, PEERS_LOG_DIR=str(self.logdir), PEERS_REPLICA=name,
+                        PEERS_REPLICA_INDEX=str(self.started % 3), TORCHFT_LIGHTHOUSE=self.url)
         self.started += 1
         self.procs.start(name, [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                                 "--nproc-per-node=1", "--max-restarts=3",
-                                "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
-                                SELF, "--as", "torchft"], env)
+                                "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+                                "--module", SELF, "--as", "torchft"], env)
         self.live.append(name)
         return name
 
@@ -362,7 +350,7 @@ class _FtJob:
     def settle(self, after: float) -> None:
         """Every live replica commits SETTLE_STEPS steps at the job's full size."""
         size = len(self.live)
-        _wait(_watch(self.procs, self.live, lambda: all(
+        wait_for(_watch(self.procs, self.live, lambda: all(
             _count(self.logdir, f"ft-{n}-", size, after) >= SETTLE_STEPS for n in self.live)),
             f"torchft settled at {size} replicas", timeout=240)
 
@@ -390,7 +378,7 @@ class _Outcome:
 def torchft_join_once(job: _FtJob) -> _Outcome:
     t0 = time.time()
     name = job.start()
-    first = _wait(_watch(job.procs, job.live, lambda: job.first([name], 3, t0)),
+    first = wait_for(_watch(job.procs, job.live, lambda: job.first([name], 3, t0)),
                   f"first committed step of {name} at 3 replicas", timeout=240)
     job.settle(first["ts"])
     # Start-up (torchrun, imports, Manager up) apart from the quorum and recovery after it.
@@ -406,7 +394,7 @@ def torchft_heal_once(job: _FtJob) -> _Outcome:
     t0 = time.time()
     job.procs.kill(victim)
     job.live.remove(victim)
-    first = _wait(_watch(job.procs, survivors, lambda: job.first(survivors, 2, t0)),
+    first = wait_for(_watch(job.procs, survivors, lambda: job.first(survivors, 2, t0)),
                   "survivors' first committed step at 2 replicas", timeout=240)
     job.settle(first["ts"])
     crashed = [n for n in survivors if {r["pid"] for r in job.rows(n)} - pids]
@@ -504,8 +492,8 @@ def measure_peers(repeat: int, log: Callable[[str], None]) -> dict:
     _run_series(out, tmp, repeat, log)
     result: dict[str, Any] = {}
     for fig in FIGURES:
-        result[fig] = round(_pct(out[fig], 0.95), 3) if out[fig] else None
-    result["p50"] = {f: round(_pct(out[f], 0.5), 3) if out[f] else None for f in FIGURES}
+        result[fig] = round(percentile(out[fig], 0.95), 3) if out[fig] else None
+    result["p50"] = {f: round(percentile(out[f], 0.5), 3) if out[f] else None for f in FIGURES}
     result["samples"] = {f: [round(v, 3) for v in out[f]] for f in FIGURES}
     result["failures"] = {f: len(out[f"{f}!"]) for f in FIGURES}
     result["reasons"] = {f: "; ".join(out[f"{f}!"]) for f in FIGURES if out[f"{f}!"]}
@@ -543,13 +531,13 @@ def main() -> None:
         return as_torchrun()
     if args.role == "torchft":
         return as_torchft()
-    processes.install()
+    harness.install()
     repeat = args.repeat or (2 if args.quick else 5)
     t0 = time.monotonic()
     result = measure_peers(repeat, lambda msg: print(msg, file=sys.stderr, flush=True))
     print(_table(result, repeat))
     print(f"({time.monotonic() - t0:.0f} s)")
-    print(json.dumps(result))
+    harness.print_result(result)
 
 
 if __name__ == "__main__":

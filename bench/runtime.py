@@ -14,11 +14,12 @@
 (c) torchrun (``--nnodes=1:4 --max-restarts=3``, c10d rendezvous, default timeouts): time
     from one of two nodes being killed to the first step of the restarted job.
 
-Usage: ``.venv/bin/python bench/runtime.py [--quick] [--models mlp,resnet,transformer]
+Usage: ``.venv/bin/python -m bench.runtime [--quick] [--models mlp,resnet,transformer]
 [--workers 1,2,4] [--rounds N] [--parts throughput,rescale,torchrun]``. Prints a table, then
 as its last line one JSON object. This file is also the user script of the runs (``--as
 fabric`` or ``--as ddp``), so both sides train exactly the same model on exactly the same data.
-Every process it starts ends with it, on a signal too (``bench/processes.py``).
+Every process it starts ends with it, on a signal too (``bench/processes.py``); what the
+benches share is in ``bench/harness.py``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,14 +36,22 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Self
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench import harness
+from bench.harness import (
+    LineCount,
+    bench_env,
+    free_port,
+    kill_tree,
+    module_command,
+    percentile,
+    step_rows,
+    throughput,
+    wait_for,
+)
+from bench.threads import cpu_seconds, stat_fields
 
-from bench import processes  # noqa: E402
-from bench.threads import cpu_seconds, stat_fields  # noqa: E402
-
+SELF = "bench.runtime"  # this module: also the user script of the runs (--as)
 BATCH = 64  # per worker, the MLP's (the other models' are in WORKLOADS)
 MIN_STEPS = 20  # of a throughput round given with --steps: several past the warm-up
 
@@ -77,7 +84,8 @@ WORKLOADS = {
 
 
 # -- the user script side ----------------------------------------------------------------
-def _model_and_data(samples: int, name: str = "mlp", width: int | None = None):
+def model_and_data(samples: int, name: str = "mlp", width: int | None = None):
+    """The model and data set of a run: the same on every side of every bench."""
     import torch
 
     from bench import models, phases
@@ -88,7 +96,7 @@ def _model_and_data(samples: int, name: str = "mlp", width: int | None = None):
     return model, data
 
 
-def _workload_env() -> tuple[str, int | None, int]:
+def workload_env() -> tuple[str, int | None, int]:
     """The model, width and batch per worker a run of this script trains (default: the MLP)."""
     width = os.environ.get("BENCH_WIDTH")
     return (os.environ.get("BENCH_MODEL", "mlp"), int(width) if width else None,
@@ -103,8 +111,8 @@ def as_fabric() -> None:
     from bench.profiling import ProfileCallback
     from runtime import FabricModel
 
-    name, width, batch = _workload_env()
-    model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
+    name, width, batch = workload_env()
+    model, data = model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     # Mixed precision ("16-mixed", "bf16-mixed") only when asked (bench/gpu.py's AMP runs).
     precision = {"precision": os.environ["BENCH_PRECISION"]} if os.environ.get(
@@ -128,8 +136,8 @@ def as_ddp() -> None:
 
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
-    name, width, batch = _workload_env()
-    model, data = _model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
+    name, width, batch = workload_env()
+    model, data = model_and_data(int(os.environ["BENCH_SAMPLES"]), name, width)
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
@@ -157,80 +165,6 @@ def as_ddp() -> None:
 
 
 # -- the harness side --------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _steps(path: Path) -> list[dict]:
-    """Every whole row of a step log, as it stands now."""
-    with _StepRows(path) as rows:
-        return rows()
-
-
-def _wait(pred, what: str, timeout: float = 180.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise TimeoutError(what)
-
-
-class _Appended:
-    """A file that is being appended to (a job's step log), read from where the last read
-    ended. Parsing the whole step log every 10 ms cost this process up to a tenth of a core
-    by the end of a run: CPU taken from the two training processes it measures on a 2-core
-    machine."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.file = path, None
-
-    def _new(self) -> bytes:
-        """What was written since the last call; nothing while the file does not exist."""
-        if self.file is None:
-            try:
-                self.file = self.path.open("rb")
-            except FileNotFoundError:
-                return b""
-        return self.file.read()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.file is not None:
-            self.file.close()
-
-
-class _LineCount(_Appended):
-    """Whole lines written so far."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.count = 0
-
-    def now(self) -> int:
-        self.count += self._new().count(b"\n")
-        return self.count
-
-
-class _StepRows(_Appended):
-    """The rows of a step log so far, each parsed once. Only whole lines: the job may be
-    writing the last one as it is read."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.rows, self._partial = [], b""
-
-    def __call__(self) -> list[dict]:
-        *whole, self._partial = (self._partial + self._new()).split(b"\n")
-        self.rows.extend(json.loads(line) for line in whole if line.strip())
-        return self.rows
-
-
 class _CpuWindow(threading.Thread):
     """CPU seconds (user + system, all threads) the given processes spend per step over the
     steady-state window, read from /proc. Unlike samples/s it hardly moves when other
@@ -246,45 +180,26 @@ class _CpuWindow(threading.Thread):
         stats = (stat_fields(f"/proc/{pid}/stat") for pid in pids)
         return sum(cpu_seconds(fields) for fields in stats if fields)
 
-    def _at(self, lines: _LineCount, n: int) -> tuple[int, float] | None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            done = lines.now()
-            if done >= n:
-                return done, self._cpu(self.pids)
-            time.sleep(0.01)
-        return None
+    def _at(self, lines: LineCount, n: int) -> tuple[int, float] | None:
+        """(lines, CPU seconds) once the log has ``n`` lines; None if it never does."""
+        try:
+            wait_for(lambda: lines.now() >= n, f"{n} steps in {self.log}", 600)
+        except TimeoutError:
+            return None
+        return lines.count, self._cpu(self.pids)
 
     def run(self) -> None:
-        with _LineCount(self.log) as lines:
+        with LineCount(self.log) as lines:
             a, b = self._at(lines, self.start_at), self._at(lines, self.end_at)
         if a and b and b[0] > a[0]:
             self.per_step = (b[1] - a[1]) / (b[0] - a[0])
-
-
-def _throughput(rows: list[dict], warmup: int) -> tuple[float, float]:
-    """(samples/s, median iteration seconds) over the steps after the warm-up."""
-    rows = rows[warmup:]
-    span = rows[-1]["ts"] - rows[0]["ts"]
-    samples = sum(r["samples"] for r in rows[1:])
-    its = [b["ts"] - a["ts"] for a, b in zip(rows, rows[1:], strict=False)]
-    return samples / span, statistics.median(its)
-
-
-def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("EDT_ROLE", None)
-    env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "EDT_CAPTURE_LOGS": "0",
-                "EDT_STEP_LOG": str(tmp / "steps.jsonl")})
-    env.update(extra)
-    return env
 
 
 WARMUP = 5
 MLP = WORKLOADS["mlp"][1]  # the rescale and torchrun parts train the full MLP
 
 
-def _workload_vars(w: Workload, workers: int) -> dict[str, str]:
+def workload_vars(w: Workload, workers: int) -> dict[str, str]:
     """One epoch of exactly ``w.steps`` steps at ``workers`` x ``w.batch`` samples each."""
     out = {"BENCH_MODEL": w.model, "BENCH_BATCH": str(w.batch),
            "BENCH_SAMPLES": str(w.steps * w.batch * workers), "BENCH_EPOCHS": "1"}
@@ -295,12 +210,12 @@ def _workload_vars(w: Workload, workers: int) -> dict[str, str]:
 
 def run_fabric(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, float | None]:
     """(samples/s, median iteration s, CPU s per step of the driver and all workers)."""
-    from runtime.launcher import LocalJob
+    from runtime.tests.launcher import LocalJob
 
     tmp.mkdir(parents=True)
-    env = _env(tmp, **_workload_vars(w, workers), BENCH_ENGINES=str(workers),
+    env = bench_env(tmp, **workload_vars(w, workers), BENCH_ENGINES=str(workers),
                EDT_MIN_WORKERS=str(workers), EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp))
-    with LocalJob(__file__, env=env, args=["--as", "fabric"]) as job:
+    with LocalJob(env=env, module=SELF, args=["--as", "fabric"]) as job:
         job.start_driver()
         for i in range(workers):
             job.add_worker(f"w{i}")
@@ -310,19 +225,19 @@ def run_fabric(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float
         if job.wait(1800) != 0:
             raise RuntimeError(f"fabric run failed; see {tmp}/log")
     cpu.join(1)
-    return (*_throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
+    return (*throughput(step_rows(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
 
 
 def run_ddp(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, float | None]:
     """(samples/s, median iteration s, CPU s per step of all processes)."""
     tmp.mkdir(parents=True)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(workers):
-        env = _env(tmp, **_workload_vars(w, workers), RANK=str(rank), WORLD_SIZE=str(workers),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env = bench_env(tmp, **workload_vars(w, workers), RANK=str(rank),
+                        WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         with (tmp / f"rank{rank}.log").open("w") as log:
-            procs.append(subprocess.Popen([sys.executable, __file__, "--as", "ddp"], env=env,
+            procs.append(subprocess.Popen(module_command(SELF, "--as", "ddp"), env=env,
                                           stdout=log, stderr=subprocess.STDOUT))
     cpu = _CpuWindow([p.pid for p in procs], tmp / "steps.jsonl", w.warmup, w.steps - 2)
     cpu.start()
@@ -330,29 +245,29 @@ def run_ddp(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, f
         tail = (tmp / "rank0.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"ddp run failed; rank 0 said:\n{tail}")
     cpu.join(1)
-    return (*_throughput(_steps(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
+    return (*throughput(step_rows(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
 
 
 def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], float]:
     from runtime import control
-    from runtime.launcher import LocalJob
+    from runtime.tests.launcher import LocalJob
 
     tmp.mkdir(parents=True)
     log = tmp / "steps.jsonl"
-    env = _env(tmp, BENCH_SAMPLES=str(BATCH * 4 * 400), BENCH_EPOCHS="1000",
+    env = bench_env(tmp, BENCH_SAMPLES=str(BATCH * 4 * 400), BENCH_EPOCHS="1000",
                BENCH_ENGINES="4", EDT_MIN_WORKERS="2", RESULT_DIR=str(tmp),
                EDT_METRICS_INTERVAL_S="5")
     joins, leaves = [], []
-    with LocalJob(__file__, env=env, args=["--as", "fabric"]) as job:
+    with LocalJob(env=env, module=SELF, args=["--as", "fabric"]) as job:
         job.start_driver()
         job.add_worker("w0")
         job.add_worker("w1")
-        _wait(lambda: len(_steps(log)) >= 10, "warm-up steps")
+        wait_for(lambda: len(step_rows(log)) >= 10, "warm-up steps")
         for i in range(changes):
             if i % 2 == 0:
                 wid = f"j{i}"
                 job.add_worker(wid)
-                _wait(lambda wid=wid: wid in job.status()["joining"]
+                wait_for(lambda wid=wid: wid in job.status()["joining"]
                       or wid in job.status()["members"], f"{wid} registered")
                 events = [json.loads(line) for line in
                           (tmp / "log" / "events.jsonl").read_text().splitlines()]
@@ -363,14 +278,14 @@ def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], floa
                 t_req = time.time()
                 control.request_leave(job.driver_addr, job.secret, f"j{i - 1}", wait=False)
                 target, bucket = 2, leaves
-            first = _wait(lambda t=t_req, n=target: next(
-                (r for r in _steps(log) if r["size"] == n and r["ts_start"] >= t), None),
+            first = wait_for(lambda t=t_req, n=target: next(
+                (r for r in step_rows(log) if r["size"] == n and r["ts_start"] >= t), None),
                 f"change {i}")
             bucket.append(first["ts_start"] - t_req)
             # Let the new size settle for a few steps before the next change.
             g = first["global_step"]
-            _wait(lambda g=g: _steps(log)[-1]["global_step"] >= g + 3, "settle")
-        rows = [r for r in _steps(log) if r["size"] == 2]
+            wait_for(lambda g=g: step_rows(log)[-1]["global_step"] >= g + 3, "settle")
+        rows = [r for r in step_rows(log) if r["size"] == 2]
         its = [b["ts"] - a["ts"] for a, b in zip(rows, rows[1:], strict=False)
                if b["global_step"] == a["global_step"] + 1]
         job.stop()
@@ -382,11 +297,10 @@ TORCHRUN_SCRIPT = """
 import json, os, time, torch, torch.distributed as dist
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
-import sys; sys.path.insert(0, {repo!r})
-from bench.runtime import _model_and_data
+from bench.runtime import model_and_data
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-model, data = _model_and_data(4096)
+model, data = model_and_data(4096)
 ddp = DistributedDataParallel(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 x, y = data.x[:{batch}], data.y[:{batch}]
@@ -399,68 +313,36 @@ while True:
 """
 
 
-def _descendants(pid: int) -> list[int]:
-    """pid and every process below it (torchrun puts its workers in their own sessions)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fields = stat_fields(f"/proc/{entry}/stat")
-        if fields is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def _kill_tree(pid: int) -> None:
-    for p in _descendants(pid):
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def run_torchrun(tmp: Path) -> float:
     """Two torchrun agents (nodes); kill one node; time to the first step after restart."""
     tmp.mkdir(parents=True)
     log = tmp / "steps.jsonl"
     script = tmp / "train.py"
-    script.write_text(TORCHRUN_SCRIPT.format(repo=str(REPO), batch=BATCH, log=str(log)))
-    port = _free_port()
+    script.write_text(TORCHRUN_SCRIPT.format(batch=BATCH, log=str(log)))
+    port = free_port()
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     agents = []
     for node in range(2):
         cmd = [torchrun, "--nnodes=1:4", "--nproc-per-node=1", "--max-restarts=3",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                "--rdzv-id=bench", str(script)]
-        agents.append(subprocess.Popen(cmd, env=_env(tmp), start_new_session=True,
+        agents.append(subprocess.Popen(cmd, env=bench_env(tmp), start_new_session=True,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         if node == 0:
             time.sleep(1.0)  # the first agent hosts the c10d store
     try:
-        _wait(lambda: sum(1 for r in _steps(log) if r["size"] == 2) >= 10, "torchrun at 2",
+        wait_for(lambda: sum(1 for r in step_rows(log) if r["size"] == 2) >= 10, "torchrun at 2",
               timeout=240)
         t_kill = time.time()
-        _kill_tree(agents[1].pid)
-        first = _wait(lambda: next((r for r in _steps(log) if r["ts_start"] > t_kill
+        kill_tree(agents[1].pid)
+        first = wait_for(lambda: next((r for r in step_rows(log) if r["ts_start"] > t_kill
                                     and r["size"] == 1), None), "torchrun restart",
                       timeout=300)
         return first["ts_start"] - t_kill
     finally:
         for a in agents:
-            _kill_tree(a.pid)
+            kill_tree(a.pid)
             a.wait(10)
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 def _once_more_on_failure(fn, tmp: Path, workers: int, w: Workload):
@@ -547,13 +429,13 @@ def throughput_part(tmp: Path, names: list[str], sizes: list[int], rounds: int |
 def rescale_part(tmp: Path, rows: list[tuple[str, ...]], result: dict) -> None:
     joins, leaves, iteration_s = run_rescale(tmp / "rescale", 20)
     both = joins + leaves
-    p50, p95 = _pct(both, 0.5), _pct(both, 0.95)
+    p50, p95 = percentile(both, 0.5), percentile(both, 0.95)
     rows.append(("rescale latency (20 changes)", f"p50 {p50:.3f} s", f"p95 {p95:.3f} s",
                  f"iteration {iteration_s * 1000:.1f} ms"))
-    rows.append(("  joins (10)", f"p50 {_pct(joins, 0.5):.3f} s",
-                 f"p95 {_pct(joins, 0.95):.3f} s", ""))
-    rows.append(("  leaves (10)", f"p50 {_pct(leaves, 0.5):.3f} s",
-                 f"p95 {_pct(leaves, 0.95):.3f} s", ""))
+    rows.append(("  joins (10)", f"p50 {percentile(joins, 0.5):.3f} s",
+                 f"p95 {percentile(joins, 0.95):.3f} s", ""))
+    rows.append(("  leaves (10)", f"p50 {percentile(leaves, 0.5):.3f} s",
+                 f"p95 {percentile(leaves, 0.95):.3f} s", ""))
     result.update(iteration_s=round(iteration_s, 4), rescale_p50_s=round(p50, 4),
                   rescale_p95_s=round(p95, 4),
                   rescale_p95_minus_iteration_s=round(p95 - iteration_s, 4))
@@ -610,11 +492,10 @@ def main() -> None:
     if args.steps is not None and args.steps < MIN_STEPS:
         parser.error(f"--steps must be at least {MIN_STEPS}: the first steps of a round are "
                      f"left out as warm-up, got {args.steps}")
-    processes.install()
+    harness.install()
     if args.same_allocator:
-        # Every process of both sides inherits these (_env copies this environment).
-        from runtime import allocator
-        os.environ.update(allocator.as_environment())
+        # Every process of both sides inherits these (bench_env copies this environment).
+        os.environ.update(harness.allocator_environment())
     parts = _names(args.parts, ("throughput", "rescale", "torchrun"))
     names = _names(args.models, tuple(WORKLOADS))
     sizes = [int(n) for n in args.workers.split(",") if n.strip()]
@@ -631,13 +512,10 @@ def main() -> None:
             torchrun_part(tmp, rows, result)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    width = max((len(r[0]) for r in rows), default=0)
     same = "; both sides keep freed host memory" if args.same_allocator else ""
-    print(f"runtime benchmark ({'quick' if args.quick else 'full'}; {os.cpu_count()} CPUs, "
-          f"gloo{same})")
-    for r in rows:
-        print(f"{r[0]:<{width}}  " + "  ".join(c for c in r[1:] if c))
-    print(json.dumps(result))
+    print(harness.table(rows, f"runtime benchmark ({'quick' if args.quick else 'full'}; "
+                              f"{os.cpu_count()} CPUs, gloo{same})"))
+    harness.print_result(result)
 
 
 if __name__ == "__main__":

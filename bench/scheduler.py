@@ -9,24 +9,19 @@ Each timing is the median of several runs, in milliseconds.
 
 Part 2, one service cycle against the database for 1,000 jobs: ``service_cycle_ms()``.
 
-Run: .venv/bin/python bench/scheduler.py   (prints a table; the last line is one JSON object)
+Run: .venv/bin/python -m bench.scheduler   (prints a table; the last line is one JSON object)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
-import sys
 import time
 from functools import partial
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench import processes  # noqa: E402
-from scheduler import POLICIES, JobDemand, allocate  # noqa: E402
+from bench import harness
+from scheduler import POLICIES, JobDemand, allocate
 
 JOB_COUNTS = (100, 1_000, 10_000)
 HOST_COUNTS = (10, 100, 1_000)
@@ -240,10 +235,10 @@ def main() -> None:
     parser.add_argument("--service-only", action="store_true",
                         help="only the service cycle with the database (part 2)")
     args = parser.parse_args()
-    processes.install()  # a signal still drops the throwaway database (finally blocks run)
+    harness.install()  # a signal still drops the throwaway database (finally blocks run)
     if args.service_only:
         cycle = service_cycle_ms(1_000)
-        print(json.dumps({"service_cycle_ms_1000": round(cycle, 3)}))
+        harness.print_result({"service_cycle_ms_1000": round(cycle, 3)})
         return
     results = bench_allocate()
     print(f"allocate() median ms, preemption on, hosts of {SLOTS_PER_HOST} slots")
@@ -269,7 +264,7 @@ def main() -> None:
         "service_cycle_ms_1000": None if cycle is None else round(cycle, 3),
         "allocate_ms": {k: round(v, 3) for k, v in results.items()},
     }
-    print(json.dumps(summary, sort_keys=True))
+    harness.print_result(summary, sort_keys=True)
 
 
 if __name__ == "__main__":

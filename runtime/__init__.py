@@ -20,8 +20,8 @@ cluster. Modules:
   ``sampler`` (size-independent sample order), ``state`` / ``checkpoint`` / ``results``
   (training state, atomic and fenced result files), ``callbacks``, ``context``, ``events``
   (``emit``);
-- outside a job: ``control`` (leave/stop/status clients), ``launcher`` (local jobs for the
-  tests and the benchmark), ``wmla`` / ``fabric_home`` (WMLA compatibility).
+- outside a job: ``control`` (leave/stop/status clients), ``wmla`` / ``fabric_home`` (WMLA
+  compatibility). Local jobs for the tests and the benches: ``runtime/tests/launcher.py``.
 
 This package never imports Django.
 """

@@ -41,12 +41,6 @@ def user_chose(environ: Mapping[str, str]) -> str | None:
     return None
 
 
-def as_environment() -> dict[str, str]:
-    """The same setting in the variables glibc reads when a process starts: for a process
-    that does not run this module, such as a plain PyTorch loop measured beside a job."""
-    return {"MALLOC_TRIM_THRESHOLD_": str(KEEP_BYTES), "MALLOC_MMAP_THRESHOLD_": str(KEEP_BYTES)}
-
-
 def keep_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
     """Tell glibc's malloc to keep the memory a step frees; False where the job chose its
     own allocator settings or the C library is not glibc (nothing is changed then)."""

@@ -19,7 +19,7 @@ Variables (all optional except where a role needs them):
                                every connection to the driver proves it holds it before any
                                request (:mod:`runtime.wire`). Required for a driver or a
                                worker; the host agent derives it per job and attempt, and
-                               :class:`runtime.launcher.LocalJob` makes a random one
+                               :class:`runtime.tests.launcher.LocalJob` makes a random one
 ``EDT_DRIVER_ADVERTISE_HOST``  host name workers use to reach the driver (default: hostname,
                                ``127.0.0.1`` when bound to loopback)
 ``EDT_DRIVER_ADDR_FILE``       the driver writes its actual ``host:port`` here once listening

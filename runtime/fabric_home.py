@@ -26,9 +26,8 @@ PACKAGE = Path(__file__).resolve().parent
 # Beside this package in the project's folder, where jobs find the runtime too (their
 # PYTHONPATH names that folder).
 WMLA_NAMES = PACKAGE.parent / "wmla_compat"
-# Used on the host, never by model code: the local-job launcher (tests and benchmarks) and
-# this builder.
-HOST_ONLY = {"launcher.py", "fabric_home.py"}
+# Used on the host, never by model code: this builder.
+HOST_ONLY = {"fabric_home.py"}
 
 
 def zip_members() -> list[tuple[Path, str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.launcher import LocalJob
+from runtime.tests.launcher import LocalJob
 
 SCRIPT = str(Path(__file__).with_name("elastic_script.py"))
 REPO = str(Path(__file__).resolve().parents[2])

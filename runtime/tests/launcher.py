@@ -1,7 +1,8 @@
 """Start a job's driver and workers as local processes, for the runtime's tests and the
-benchmark (``bench/runtime.py``).
+benches (``bench/runtime.py``). Test code, kept out of the runtime's shipped modules.
 
-Only a convenience over the real entry points: the same user script with
+Only a convenience over the real entry points: the same user script (a file, or a module run
+with ``python -m``: ``LocalJob(module="bench.runtime", ...)``) with
 ``EDT_ROLE=driver`` / ``EDT_ROLE=worker`` and the variables of :mod:`runtime.config`. The
 host agent (``agent/``) starts a job's processes itself and uses nothing from here.
 
@@ -32,25 +33,29 @@ import tempfile
 import time
 from typing import Any
 
-from . import control
+from runtime import control
 
 
 class LocalJob:
     def __init__(
         self,
-        script: str,
+        script: str | None = None,
         env: dict[str, str] | None = None,
         *,
+        module: str | None = None,
         args: list[str] | None = None,
         python: str = sys.executable,
         cwd: str | None = None,
         job_id: str | None = None,
         max_workers: int | None = None,
     ) -> None:
-        self.script = os.path.abspath(script)
+        if (script is None) == (module is None):
+            raise ValueError("give a script or a module, not both")
+        # What runs after the interpreter: the script's path, or -m and the module's name.
+        self.target = [os.path.abspath(script)] if script else ["-m", module]
         self.args = list(args or [])
         self.python = python
-        self.cwd = cwd or os.path.dirname(self.script)
+        self.cwd = cwd or (os.path.dirname(self.target[0]) if script else os.getcwd())
         self.base_env = dict(os.environ)
         self.base_env.update(env or {})
         self.base_env.setdefault("EDT_JOB_ID", job_id or f"local-{os.getpid()}-{int(time.time())}")
@@ -78,7 +83,7 @@ class LocalJob:
     def _spawn(self, name: str, env: dict[str, str]) -> subprocess.Popen:
         out = self._log_file(name)
         return subprocess.Popen(
-            [self.python, self.script, *self.args],
+            [self.python, *self.target, *self.args],
             cwd=self.cwd,
             env=env,
             stdout=out,

@@ -67,7 +67,9 @@ def test_a_job_that_chose_its_allocator_settings_keeps_them():
 @pytest.mark.slow
 def test_the_same_setting_given_as_environment_keeps_the_block_and_counts_as_chosen():
     # How bench/runtime.py --same-allocator gives a plain DDP loop what a worker sets itself.
-    environ = allocator.as_environment()
+    from bench.harness import allocator_environment
+
+    environ = allocator_environment()
     started_with_it = _step("default", **environ)
     assert started_with_it["returned_mib"] < 5 and started_with_it["faults"] < 2000
     # A worker started with these variables leaves glibc as they set it.

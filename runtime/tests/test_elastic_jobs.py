@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config import DRIVER_EXIT_FAILED, DRIVER_EXIT_STOPPED
-from runtime.launcher import LocalJob
+from runtime.tests.launcher import LocalJob
 
 from .helpers import (
     SCRIPT,

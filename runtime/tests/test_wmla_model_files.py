@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runtime.fabric_home import build_fabric_home
-from runtime.launcher import LocalJob
+from runtime.tests.launcher import LocalJob
 
 from .helpers import REPO
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from runtime.fabric_home import build_fabric_home
-from runtime.launcher import LocalJob
+from runtime.tests.launcher import LocalJob
 
 from .helpers import REPO
 

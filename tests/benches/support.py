@@ -41,7 +41,7 @@ def environ_has(pid: int, item: str) -> bool:
 
 
 class BenchRun:
-    """``python bench/<script> args`` with a tag of its own; ``seen`` maps every process of
+    """``python -m bench.<script> args`` with a tag of its own; ``seen`` maps every process of
     the run ever observed to its start time (a pid can be reused once it has ended)."""
 
     def __init__(self, tmp: Path, script: str, *args: str, env: dict[str, str] | None = None
@@ -52,7 +52,8 @@ class BenchRun:
                     "PYTHONUNBUFFERED": "1", **(env or {})}
         full_env.pop("BENCH_RUN", None)
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen([sys.executable, str(REPO / "bench" / script), *args],
+            self.proc = subprocess.Popen([sys.executable, "-m", f"bench.{Path(script).stem}",
+                                          *args],
                                          cwd=REPO, env=full_env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         self.seen: dict[int, str] = {}

@@ -24,7 +24,7 @@ MODELS = ("resnet", "transformer")
 @pytest.mark.slow
 @pytest.mark.timeout(660)  # the run itself is bounded at 600 s (3 minutes on loaded 2 cores)
 def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu",
                            "--quick", "--alone"], cwd=REPO, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -92,7 +92,7 @@ def test_gpu_bench_runs_on_cpu_and_reports_its_figures(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_an_unknown_side_is_named_before_anything_runs():
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu",
                            "--sides", "fabric_alone,nope"], cwd=REPO, capture_output=True,
                           text=True, timeout=100)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -102,6 +102,7 @@ def test_an_unknown_side_is_named_before_anything_runs():
 
 def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
     from bench import gpu
+    from bench.harness import allocator_environment
     from runtime import allocator
 
     figures = {"fabric": [[(110.0, 0.1), (90.0, 0.1)]], "plain": [[(100.0, 0.1), (100.0, 0.1)]],
@@ -112,14 +113,14 @@ def test_each_added_side_is_compared_with_the_plain_loop_window_by_window():
     assert "processes" not in out  # one process a side: nothing to compare them by
     # That side is the plain loop with the worker's malloc settings, and nothing else.
     assert gpu.SIDES["plain_malloc"] == gpu.SIDES["plain"]
-    assert gpu._side_env("plain_malloc") == allocator.as_environment()
+    assert gpu._side_env("plain_malloc") == allocator_environment()
     assert gpu._side_env("plain") == {} and gpu._side_env("fabric_alone") == {}
     # And FabricModel alone, the worker told that the job chose its allocator: it then
     # leaves glibc's settings as they are.
     assert gpu.SIDES["fabric_nomalloc"] == gpu.SIDES["fabric_alone"]
     env = gpu._side_env("fabric_nomalloc")
     assert allocator.user_chose(env) is not None
-    assert not set(env) & set(allocator.as_environment())
+    assert not set(env) & set(allocator_environment())
     # The plain loop told to seed its generators each step, and nothing else.
     assert gpu.SIDES["plain_seeded"] == gpu.SIDES["plain"]
     assert gpu._side_env("plain_seeded") == {gpu.SEED_EACH_STEP: "1"}
@@ -204,7 +205,7 @@ def test_a_part_that_fails_is_reported_and_the_others_still_run(capsys):
 
 
 def test_parts_choose_what_runs_and_an_unknown_part_is_refused(tmp_path):
-    bench = [sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu", "--quick"]
+    bench = [sys.executable, "-m", "bench.gpu", "--device", "cpu", "--quick"]
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     done = subprocess.run([*bench, "--parts", "checkpoint"], cwd=REPO, capture_output=True,
                           text=True, timeout=240, env=env)
@@ -225,7 +226,7 @@ def test_parts_choose_what_runs_and_an_unknown_part_is_refused(tmp_path):
 @pytest.mark.timeout(360)
 def test_the_profile_part_profiles_the_same_steps_on_both_sides(tmp_path):
     out = tmp_path / "profile"
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu",
                            "--quick", "--models", "transformer", "--parts", "profile",
                            "--profile-dir", str(out)], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
@@ -336,7 +337,7 @@ def test_each_process_is_paired_with_the_plain_loops_process_of_its_number():
 @pytest.mark.parametrize("option", ["--processes", "--windows", "--rounds"])
 def test_a_count_below_one_is_refused_before_anything_runs(option):
     # 0 once fell back to the default, unnoticed; nothing runs, the parser names the flag.
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "bench.gpu", "--device", "cpu",
                            option, "0"], cwd=REPO, capture_output=True, text=True, timeout=100)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"{option} 0: each must be at least 1" in done.stderr

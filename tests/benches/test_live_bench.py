@@ -11,7 +11,7 @@ from tests.benches.support import REPO
 
 
 def test_a_cpu_slowdown_under_1_is_refused_by_name_before_anything_starts():
-    done = subprocess.run([sys.executable, "bench/live.py", "--cpu-slowdown", "0.5"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "bench.live", "--cpu-slowdown", "0.5"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done
     assert "--cpu-slowdown must be 1 (no slowdown) or more" in done.stderr

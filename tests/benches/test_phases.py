@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bench import gate, phases
-from bench.runtime import _model_and_data
+from bench.runtime import model_and_data as _model_and_data
 
 
 def _wait_us(us: float) -> None:

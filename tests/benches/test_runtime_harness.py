@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from bench.runtime import _LineCount, _StepRows
+from bench.harness import LineCount as _LineCount
+from bench.harness import StepRows as _StepRows
 from tests.benches.support import REPO
 
 
@@ -43,7 +44,7 @@ def test_it_parses_whole_lines_as_they_are_appended(tmp_path):
 
 
 def test_too_few_steps_for_a_round_are_refused_by_name():
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "runtime.py"), "--steps", "5"],
+    run = subprocess.run([sys.executable, "-m", "bench.runtime", "--steps", "5"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "--steps must be at least 20" in run.stderr and "got 5" in run.stderr
@@ -51,7 +52,7 @@ def test_too_few_steps_for_a_round_are_refused_by_name():
 
 def _one_quick_mlp_round(tmp_path, flag: str) -> tuple[list[str], str]:
     """One round of the quick MLP at one worker with ``flag``: the table's lines, stderr."""
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "runtime.py"), "--quick",
+    run = subprocess.run([sys.executable, "-m", "bench.runtime", "--quick",
                           "--models", "mlp", "--workers", "1", "--rounds", "1",
                           "--parts", "throughput", flag],
                          cwd=REPO, capture_output=True, text=True, timeout=300,

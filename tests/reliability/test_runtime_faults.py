@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from runtime import wire
-from runtime.launcher import LocalJob
 from runtime.tests.helpers import (
     SCRIPT,
     assert_every_sample_once,
@@ -35,6 +34,7 @@ from runtime.tests.helpers import (
     wait_for_step,
     wait_until,
 )
+from runtime.tests.launcher import LocalJob
 from tests.reliability.private_redis import PrivateRedis
 from tests.reliability.tcp_proxy import TcpProxy
 
