@@ -1,6 +1,6 @@
 """Per-process limits by the kernel: each driver and worker of a job in a control group of its
-own (``edt/job-<id>/<driver|slot-N>``), with a memory limit, a limit on its number of processes
-and a CPU weight, and killed as a whole when its job or its slot ends.
+own (``edt/agent-<pid>/job-<id>/<driver|slot>``), with a memory limit, a limit on its number of
+processes and a CPU weight, and killed as a whole when its job or its slot ends.
 
 Two layouts are met in practice, and the agent probes which one it has at its start (``probe``):
 
@@ -39,7 +39,8 @@ from pathlib import Path
 log = logging.getLogger("edt.execution")
 
 MOUNT = Path("/sys/fs/cgroup")
-# What the agent's own groups are called below the parent it was given or found.
+# What the agents' groups are called below the parent each was given or found: ``edt``, then
+# ``agent-<pid>`` for each agent process, then ``job-<id>/<driver-<id>-<attempt>|slot-<id>>``.
 TOP = "edt"
 # A group's processes must all be gone this long after it is killed.
 KILL_WAIT_S = 5.0
@@ -306,10 +307,48 @@ def _v2_top(parent: str | None) -> Path:
                 with contextlib.suppress(ProcessLookupError):
                     _write(leaf / "cgroup.procs", str(pid))
     _write(base / "cgroup.subtree_control", V2.CONTROLLERS)
-    top = base / TOP
-    top.mkdir(exist_ok=True)
-    _write(top / "cgroup.subtree_control", V2.CONTROLLERS)
-    return top
+    return _agent_folder(base / TOP, controllers=V2.CONTROLLERS)
+
+
+def _agent_folder(edt: Path, controllers: str = "") -> Path:
+    """This agent's folder below ``edt`` (``agent-<pid>``), after ending what agents that
+    died left there: a process that left its session outlives an agent killed with SIGKILL
+    (its children die with it, ``PR_SET_PDEATHSIG``), but not the next agent's start."""
+    edt.mkdir(parents=True, exist_ok=True)
+    if controllers:
+        _write(edt / "cgroup.subtree_control", controllers)
+    for folder in edt.glob("agent-*"):
+        pid = folder.name.removeprefix("agent-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            killed = _sweep(folder)
+            if killed:
+                log.warning("cgroups: ended %d processes that agent %s left in %s", killed,
+                            pid, folder)
+    mine = edt / f"agent-{os.getpid()}"
+    mine.mkdir(exist_ok=True)
+    if controllers:
+        _write(mine / "cgroup.subtree_control", controllers)
+    return mine
+
+
+def _sweep(folder: Path) -> int:
+    """Kill every process in ``folder`` and the groups below it, and remove them; returns
+    how many processes were found there."""
+    found = sum(_sweep(sub) for sub in [p for p in folder.iterdir() if p.is_dir()])
+    found += len(_pids_in(folder))
+    if (folder / "cgroup.kill").exists():
+        _write(folder / "cgroup.kill", "1")
+    deadline = time.monotonic() + KILL_WAIT_S
+    while _pids_in(folder) and time.monotonic() < deadline:
+        for pid in _pids_in(folder):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    try:
+        folder.rmdir()
+    except OSError as exc:
+        log.warning("cgroup %s not removed: %s", folder, exc)
+    return found
 
 
 def _v1_tops() -> dict[str, Path]:
@@ -318,15 +357,12 @@ def _v1_tops() -> dict[str, Path]:
         mount = MOUNT / controller
         if (mount / "cgroup.procs").exists():
             # Nested under the agent's own group: a limit set on the agent still holds.
-            tops[controller] = mount / own_path(controller).lstrip("/") / TOP
-    for top in tops.values():
-        top.mkdir(parents=True, exist_ok=True)
+            tops[controller] = _agent_folder(mount / own_path(controller).lstrip("/") / TOP)
     unified = MOUNT / "unified"
     if (unified / "cgroup.procs").exists():
         # Only a group below the root has ``cgroup.kill`` (Linux 5.14 and later).
-        top = unified / own_path("").lstrip("/") / TOP
         with contextlib.suppress(OSError):
-            top.mkdir(parents=True, exist_ok=True)
+            top = _agent_folder(unified / own_path("").lstrip("/") / TOP)
             if (top / "cgroup.kill").exists():
                 tops[""] = top
     return tops

@@ -113,6 +113,23 @@ def test_a_new_group_replaces_a_stale_one_of_the_same_name(host_groups):
         fresh.remove()
 
 
+@pytest.mark.slow
+def test_what_an_agent_that_died_left_is_ended_at_the_next_start(host_groups):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_agent = host_groups.tops["pids"].parent / f"agent-{int(gone.stdout)}"
+    left = dead_agent / "job-1" / "slot-1"
+    left.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (left / "cgroup.procs").write_text(str(proc.pid))
+        assert cgroups.probe().backend is not None
+        assert proc.wait(5) == -9 and not dead_agent.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_an_agent_that_is_not_root_runs_jobs_without_limits_and_says_so(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     probe = cgroups.probe()
