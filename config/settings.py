@@ -216,6 +216,10 @@ LOGOUT_REDIRECT_URL = "login"
 # Paths a user types (dataset folders, model locations) must resolve inside one of these roots.
 EDT_DATA_ROOTS = [Path(p).resolve() for p in env_list("EDT_DATA_ROOTS", str(VAR_DIR / "data"))]
 EDT_MODEL_ROOTS = [Path(p).resolve() for p in env_list("EDT_MODEL_ROOTS", str(VAR_DIR / "models"))]
+# A user registers folders only in their own area, <root>/<username>/ (datasets.paths), or in
+# these folders an admin shares with everyone (absolute, or relative to the first root).
+EDT_SHARED_DATA_DIRS = env_list("EDT_SHARED_DATA_DIRS", "")
+EDT_SHARED_MODEL_DIRS = env_list("EDT_SHARED_MODEL_DIRS", "")
 EDT_RESULT_ROOT = Path(os.environ.get("EDT_RESULT_ROOT", VAR_DIR / "results")).resolve()
 EDT_UPLOAD_ROOT = Path(os.environ.get("EDT_UPLOAD_ROOT", VAR_DIR / "uploads")).resolve()
 EDT_MAX_UPLOAD_BYTES = env_int("EDT_MAX_UPLOAD_BYTES", 2 * 1024**3)
@@ -313,7 +317,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "console.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",

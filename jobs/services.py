@@ -17,7 +17,12 @@ from config.ownership import is_admin
 from jobs import jobfiles, jobwrites, states
 from jobs import priority as bounds
 from jobs.models import JobEvent, SlotAllocation, TrainingJob
-from jobs.validation import validate_args, validate_command_line, validate_env_vars
+from jobs.validation import (
+    validate_args,
+    validate_command_line,
+    validate_env_vars,
+    validate_model_location,
+)
 from models.validation import check_main_file, validate_hyper_parameters
 from resources.names import check_name_length
 
@@ -91,7 +96,9 @@ def job_submit(
     hp = validate_hyper_parameters({**(model.hyper_parameters or {}), **(hyper_parameters or {})})
     validate_command_line(words, env, hp)
     # The model's folder may have changed since it was registered: what the agent would run is
-    # checked now, not after the job took a slot.
+    # checked now, not after the job took a slot; so is where it lives (a link to the model
+    # root planted since, or a row stored before models were confined per user).
+    validate_model_location(model)
     check_main_file(Path(model.location), model.main_file)
     epochs = hp.get("epochs", 0)
     with transaction.atomic():

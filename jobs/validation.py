@@ -15,6 +15,8 @@ import shlex
 
 from django.core.exceptions import ValidationError
 
+from models.locations import location_problem
+
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 ENV_NAME_MAX = 256
 ENV_COUNT_MAX = 256
@@ -158,3 +160,12 @@ def validate_command_line(words: list[str], env: dict[str, str], hyper_parameter
                       f"{sum(parts.values())} bytes, over the {budget} bytes a job may pass on "
                       f"its command line: pass large inputs in a file."}
         )
+
+
+def validate_model_location(model) -> None:
+    """A job runs only a model whose folder keeps the model rule today (``models.locations``):
+    a row stored before the rule, or whose folder became a link since, is refused at submit
+    with the reason, rather than handing its jobs every user's code."""
+    problem = location_problem(model)
+    if problem:
+        raise ValidationError({"model": f"Model '{model.name}' cannot run: {problem}"})

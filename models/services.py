@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 
 from config.ownership import is_admin
 from datasets.models import Upload
-from datasets.paths import confine
-from datasets.uploads import root_for, unpacked
+from datasets.uploads import unpacked
+from models.locations import model_folder
 from models.models import ModelDefinition
 from models.validation import OPTIMIZERS, check_main_file, validate_hyper_parameters
 from resources.names import check_name_length
@@ -50,19 +49,17 @@ def model_create(
     engine: str = ModelDefinition.Engine.EDT,
     upload: Upload | None = None,
 ) -> ModelDefinition:
-    """Register the model folder ``location`` (inside the model roots). ``upload`` is for
-    ``model_create_from_archive`` alone: anyone else naming a folder of the uploads area is
-    refused, since host agents grant an uploaded folder to its model's owner."""
+    """Register the model folder ``location``: for an ordinary user, inside their own area of
+    the model roots or a shared model folder (``models.locations``, the datasets' rule).
+    ``upload`` is for ``model_create_from_archive`` alone: anyone else naming a folder of the
+    uploads area is refused, since host agents grant an uploaded folder to its model's owner."""
     name = _check_fields(owner=owner, name=name, dataset=dataset, framework=framework,
                          engine=engine)
     hyper_parameters = validate_hyper_parameters(hyper_parameters)
     try:
-        folder = confine(location, settings.EDT_MODEL_ROOTS, what="model roots")
+        folder = model_folder(location, owner=owner, upload=upload)
     except ValidationError as exc:
         raise ValidationError({"location": exc.messages}) from exc
-    uploads = root_for(Upload.Kind.MODEL).resolve()
-    if upload is None and (folder == uploads or uploads in folder.parents):
-        raise ValidationError({"location": "Uploaded model folders cannot be registered again."})
     return ModelDefinition.objects.create(
         owner=owner,
         name=name,

@@ -61,8 +61,9 @@ def seed() -> None:
     # alice's own area of the data root: relative dataset paths she types resolve in it.
     for folder in ("cifar10/train_db", "cifar10/test_db", "seed/train", "seed/test"):
         (settings.EDT_DATA_ROOTS[0] / "alice" / folder).mkdir(parents=True, exist_ok=True)
+    # ...and of the model root: the model folders she types by name are looked up there.
     for folder in ("pytorch-resnet", "seed-model"):
-        path = settings.EDT_MODEL_ROOTS[0] / folder
+        path = settings.EDT_MODEL_ROOTS[0] / "alice" / folder
         path.mkdir(parents=True, exist_ok=True)
         (path / "main.py").write_text("from fabric_model import FabricModel\n")
     group = ResourceGroup.objects.create(name="seed-rg", selection=ResourceGroup.Selection.STATIC)

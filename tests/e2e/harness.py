@@ -194,7 +194,8 @@ class Cluster:
     # -- the model -------------------------------------------------------------------------
 
     def model_dir(self) -> Path:
-        folder = self.tmp / "models" / "points"
+        # In the e2e user's own area of the model root: models are confined per user.
+        folder = self.tmp / "models" / "e2e" / "points"
         if not folder.exists():
             folder.mkdir(parents=True)
             shutil.copy(SCRIPT, folder / "main.py")

@@ -141,7 +141,7 @@ def device_reports(path: Path) -> dict[str, dict]:
 def model_with_report(e2e, records):
     from models.models import ModelDefinition
 
-    folder = e2e.tmp / "models" / "points-gpu"
+    folder = e2e.model_dir().parent / "points-gpu"  # in the same user's own model area
     folder.mkdir(parents=True)
     shutil.copy(SCRIPT, folder / "points_model.py")
     (folder / "main.py").write_text(MAIN)

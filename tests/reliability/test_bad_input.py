@@ -81,10 +81,12 @@ class World:
 
 def _make_world(tmp_path: Path, settings) -> World:
     data, models_root = tmp_path / "data", tmp_path / "models"
-    # alice registers datasets from her own area of the data root, data/alice/.
-    for folder in (data / "alice" / "train", data / "alice" / "test", models_root / "mlp"):
+    # alice registers datasets from her own area of the data root, data/alice/, and models
+    # from hers of the model root, models/alice/.
+    code = models_root / "alice" / "mlp"
+    for folder in (data / "alice" / "train", data / "alice" / "test", code):
         folder.mkdir(parents=True)
-    (models_root / "mlp" / "main.py").write_text("print('train')\n")
+    (code / "main.py").write_text("print('train')\n")
     settings.EDT_DATA_ROOTS = [data.resolve()]
     settings.EDT_MODEL_ROOTS = [models_root.resolve()]
     settings.EDT_UPLOAD_ROOT = (tmp_path / "uploads").resolve()
@@ -102,7 +104,7 @@ def _make_world(tmp_path: Path, settings) -> World:
         test_path=str(data / "alice" / "test"),
     )
     model = model_services.model_create(
-        owner=alice, name="mlp", location=str(models_root / "mlp"), dataset=dataset,
+        owner=alice, name="mlp", location=str(code), dataset=dataset,
         hyper_parameters={"epochs": 2},
     )
     job = job_services.job_submit(user=alice, model=model, instance_group=ig, max_workers=2)
@@ -411,8 +413,8 @@ def test_it_refuses_a_main_file_outside_the_model_folder(
     before = _counts()
     response = alice_api.post(
         "/api/v1/models/",
-        {"name": "m", "location": str(world.root / "models" / "mlp"), "main_file": main_file,
-         "dataset": world.ids["/api/v1/datasets/"]},
+        {"name": "m", "location": str(world.root / "models" / "alice" / "mlp"),
+         "main_file": main_file, "dataset": world.ids["/api/v1/datasets/"]},
         format="json",
     )
     _refused(response, "main_file")
@@ -429,7 +431,7 @@ def test_it_refuses_bad_hyper_parameters_on_create_and_update(
     before = _counts()
     response = alice_api.post(
         "/api/v1/models/",
-        {"name": "m2", "location": str(world.root / "models" / "mlp"),
+        {"name": "m2", "location": str(world.root / "models" / "alice" / "mlp"),
          "dataset": world.ids["/api/v1/datasets/"], "hyper_parameters": hyper_parameters},
         format="json",
     )

@@ -327,7 +327,7 @@ def stragglers(cluster: Cluster, ids: list[int]) -> str:
 @pytest.mark.timeout(480)
 def test_it_admits_queues_and_finishes_200_jobs_submitted_at_once(e2e, e2e_records):  # noqa: F811
     owner, group = e2e_records["owner"], e2e_records["instance_group"]
-    folder = e2e.tmp / "models" / "plain"
+    folder = e2e.model_dir().parent / "plain"  # in the same user's own model area
     folder.mkdir(parents=True)
     (folder / "main.py").write_text(PLAIN_SCRIPT)
     model = ModelDefinition.objects.create(

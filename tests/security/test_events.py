@@ -173,8 +173,8 @@ def _job(root: Path, user, name: str, script: str, cluster, env: dict | None = N
     data = root / "data" / name
     for sub in ("train", "test"):
         (data / sub).mkdir(parents=True)
-    folder = root / "models" / name
-    folder.mkdir()
+    folder = root / "models" / user.get_username() / name  # the user's own model area
+    folder.mkdir(parents=True)
     (folder / "main.py").write_text(script)
     dataset = Dataset.objects.create(owner=user, name=f"{name}-data",
                                      train_path=str(data / "train"), test_path=str(data / "test"))
