@@ -177,7 +177,7 @@ PLAIN_LOOP = module_command("bench.gpu", "--as", "plain")
 def _plain_env(tmp: Path, w: Workload, device: str, amp: bool,
                extra: dict[str, str]) -> dict[str, str]:
     return bench_env(tmp, **workload_vars(w, 1), **_device_env(device), BENCH_DEVICE=device,
-                BENCH_AMP="1" if amp else "0", **extra)
+                     BENCH_AMP="1" if amp else "0", **extra)
 
 
 def run_plain(tmp: Path, w: Workload, device: str, amp: bool = False,
@@ -212,8 +212,8 @@ def _precision(device: str) -> str:
 def _fabric_env(tmp: Path, w: Workload, device: str, amp: bool,
                 extra: dict[str, str]) -> dict[str, str]:
     return bench_env(tmp, **workload_vars(w, 1), **_device_env(device), BENCH_ENGINES="1",
-                EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
-                BENCH_PRECISION=_precision(device) if amp else "", **extra)
+                     EDT_MIN_WORKERS="1", EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp),
+                     BENCH_PRECISION=_precision(device) if amp else "", **extra)
 
 
 @contextlib.contextmanager
@@ -537,7 +537,7 @@ def memory_part(tmp: Path, w: Workload, device: str = "cuda",
     # Epochs enough to still be training when measured: the job is stopped, not finished.
     workload = {**workload_vars(w, 1), "BENCH_EPOCHS": "1000"}
     env = bench_env(tmp, **workload, **_device_env(device), BENCH_ENGINES="1", EDT_MIN_WORKERS="1",
-               RESULT_DIR=str(tmp))
+                    RESULT_DIR=str(tmp))
     with LocalJob(env=env, module=RUNTIME_BENCH, args=["--as", "fabric"]) as job:
         job.start_driver()
         job.add_worker("w0")
@@ -547,11 +547,17 @@ def memory_part(tmp: Path, w: Workload, device: str = "cuda",
         job.wait(120)
     left = time.monotonic()
     # The worker's process has exited; the NVIDIA driver frees what it held, and NVML shows
-    # that a moment later: look for up to 30 s.
-    after = used_mb()
-    while after > baseline + 16 and time.monotonic() - left < 30:
-        time.sleep(0.1)
-        after = used_mb()
+    # that a moment later: look for up to 30 s, keeping the last reading.
+    last = [used_mb()]
+
+    def released() -> bool:
+        if last[-1] > baseline + 16:
+            last.append(used_mb())
+        return last[-1] <= baseline + 16
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(released, "NVML to show the worker's memory freed", 30, 0.1)
+    after = last[-1]
     return {"gpu_memory_baseline_mb": baseline, "gpu_memory_training_mb": training,
             "gpu_memory_after_mb": after, "gpu_memory_released": after <= baseline + 16,
             "gpu_memory_release_s": round(time.monotonic() - left, 3)}

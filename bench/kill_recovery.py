@@ -81,8 +81,8 @@ def _three_workers(tmp: Path) -> Iterator[tuple[Any, StepRows, list[str]]]:
 
     tmp.mkdir(parents=True)
     env = bench_env(tmp, BENCH_SAMPLES=str(BATCH * 4 * 400), BENCH_EPOCHS="1000",
-               BENCH_ENGINES="4", EDT_MIN_WORKERS="3", RESULT_DIR=str(tmp),
-               EDT_METRICS_INTERVAL_S="5")
+                    BENCH_ENGINES="4", EDT_MIN_WORKERS="3", RESULT_DIR=str(tmp),
+                    EDT_METRICS_INTERVAL_S="5")
     with (LocalJob(env=env, module=RUNTIME_BENCH, args=["--as", "fabric"]) as job,
           StepRows(tmp / "steps.jsonl") as steps):
         job.start_driver()
@@ -162,7 +162,7 @@ def _kill_as_it_grows(job, steps: StepRows, live: list[str], newcomer: str, dela
     live.append(newcomer)
     try:
         first = wait_for(lambda: _after(steps, status["generation"], t_kill), "a step",
-                      STUCK_S)[0]
+                         STUCK_S)[0]
         whole = first if first["size"] == 3 else wait_for(
             lambda: [r for r in _after(steps, first["generation"] - 1, t_kill)
                      if r["size"] == 3], "3 survivors", STUCK_S)[0]

@@ -278,7 +278,7 @@ def _torchrun_pair(procs: _Procs, tmp: Path, **extra: str) -> tuple[int, dict[st
         procs.start(f"agent{i}", _agent_cmd(port, i == 0), env)
     wait_for(_watch(procs, ["agent0", "agent1"],
                  lambda: _count(logdir, "tr", 2) >= 2 * SETTLE_STEPS),
-          "torchrun job training at 2 nodes", timeout=240)
+             "torchrun job training at 2 nodes", timeout=240)
     return port, env
 
 
@@ -288,7 +288,7 @@ def torchrun_restart_once(tmp: Path) -> float:
         t0 = time.time()
         procs.procs["agent1"].send_signal(signal.SIGTERM)
         first = wait_for(_watch(procs, ["agent0"], lambda: _first(tmp / "steps", "tr", 1, t0)),
-                      "first step of the restarted 1-node torchrun job", timeout=240)
+                         "first step of the restarted 1-node torchrun job", timeout=240)
         return first["ts"] - t0
 
 
@@ -299,7 +299,7 @@ def torchrun_join_once(tmp: Path) -> float:
         procs.start("agent2", _agent_cmd(port, False), env)
         first = wait_for(_watch(procs, ["agent0", "agent1", "agent2"],
                              lambda: _first(tmp / "steps", "tr", 3, t0)),
-                      "first step of the torchrun job at 3 nodes", timeout=240)
+                         "first step of the torchrun job at 3 nodes", timeout=240)
         return first["ts"] - t0
 
 
@@ -326,7 +326,7 @@ class _FtJob:
                     bench_env(tmp))
         self.url = f"http://127.0.0.1:{port}"
         wait_for(_watch(procs, ["lighthouse"], lambda: _port_open(port)), "torchft lighthouse up",
-              timeout=30)
+                 timeout=30)
 
     def start(self) -> str:
         name = f"r{self.started}"
@@ -379,7 +379,7 @@ def torchft_join_once(job: _FtJob) -> _Outcome:
     t0 = time.time()
     name = job.start()
     first = wait_for(_watch(job.procs, job.live, lambda: job.first([name], 3, t0)),
-                  f"first committed step of {name} at 3 replicas", timeout=240)
+                     f"first committed step of {name} at 3 replicas", timeout=240)
     job.settle(first["ts"])
     # Start-up (torchrun, imports, Manager up) apart from the quorum and recovery after it.
     return _Outcome(first["ts"] - t0, detail={"startup_s": first["t_ready"] - t0})
@@ -395,7 +395,7 @@ def torchft_heal_once(job: _FtJob) -> _Outcome:
     job.procs.kill(victim)
     job.live.remove(victim)
     first = wait_for(_watch(job.procs, survivors, lambda: job.first(survivors, 2, t0)),
-                  "survivors' first committed step at 2 replicas", timeout=240)
+                     "survivors' first committed step at 2 replicas", timeout=240)
     job.settle(first["ts"])
     crashed = [n for n in survivors if {r["pid"] for r in job.rows(n)} - pids]
     seconds = first["ts"] - t0

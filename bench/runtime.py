@@ -214,7 +214,7 @@ def run_fabric(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float
 
     tmp.mkdir(parents=True)
     env = bench_env(tmp, **workload_vars(w, workers), BENCH_ENGINES=str(workers),
-               EDT_MIN_WORKERS=str(workers), EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp))
+                    EDT_MIN_WORKERS=str(workers), EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp))
     with LocalJob(env=env, module=SELF, args=["--as", "fabric"]) as job:
         job.start_driver()
         for i in range(workers):
@@ -255,8 +255,8 @@ def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], floa
     tmp.mkdir(parents=True)
     log = tmp / "steps.jsonl"
     env = bench_env(tmp, BENCH_SAMPLES=str(BATCH * 4 * 400), BENCH_EPOCHS="1000",
-               BENCH_ENGINES="4", EDT_MIN_WORKERS="2", RESULT_DIR=str(tmp),
-               EDT_METRICS_INTERVAL_S="5")
+                    BENCH_ENGINES="4", EDT_MIN_WORKERS="2", RESULT_DIR=str(tmp),
+                    EDT_METRICS_INTERVAL_S="5")
     joins, leaves = [], []
     with LocalJob(env=env, module=SELF, args=["--as", "fabric"]) as job:
         job.start_driver()
@@ -268,7 +268,7 @@ def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], floa
                 wid = f"j{i}"
                 job.add_worker(wid)
                 wait_for(lambda wid=wid: wid in job.status()["joining"]
-                      or wid in job.status()["members"], f"{wid} registered")
+                         or wid in job.status()["members"], f"{wid} registered")
                 events = [json.loads(line) for line in
                           (tmp / "log" / "events.jsonl").read_text().splitlines()]
                 t_req = next(e["ts"] for e in reversed(events)
@@ -332,12 +332,12 @@ def run_torchrun(tmp: Path) -> float:
             time.sleep(1.0)  # the first agent hosts the c10d store
     try:
         wait_for(lambda: sum(1 for r in step_rows(log) if r["size"] == 2) >= 10, "torchrun at 2",
-              timeout=240)
+                 timeout=240)
         t_kill = time.time()
         kill_tree(agents[1].pid)
         first = wait_for(lambda: next((r for r in step_rows(log) if r["ts_start"] > t_kill
                                     and r["size"] == 1), None), "torchrun restart",
-                      timeout=300)
+                         timeout=300)
         return first["ts_start"] - t_kill
     finally:
         for a in agents:
