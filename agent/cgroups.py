@@ -28,6 +28,7 @@ No library handles both layouts (``cgroupspy`` knows v1 only), so this is writte
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -292,21 +293,22 @@ class Probe:
 
 
 def _v2_top(parent: str | None) -> Path:
-    """The folder of the agent's groups in a v2 hierarchy. Under the agent's own group by
-    default: after moving the agent's processes into a leaf beside it (a group with
-    processes cannot enable controllers for its children), unless it is the root."""
-    if parent:
-        base = Path(parent)
-    else:
-        own = own_path("")
-        base = MOUNT / own.lstrip("/")
-        if own != "/" and _pids_in(base):
-            leaf = base / "agent"
-            leaf.mkdir(exist_ok=True)
-            for pid in _pids_in(base):
-                with contextlib.suppress(ProcessLookupError):
-                    _write(leaf / "cgroup.procs", str(pid))
-    _write(base / "cgroup.subtree_control", V2.CONTROLLERS)
+    """The folder of the agent's groups in a v2 hierarchy: under ``parent`` (a delegated
+    folder) or the agent's own group. A group with processes in it cannot hand controllers to
+    groups below it (EBUSY; only the real root may): then the agent's processes move into a
+    leaf ``agent`` beside the jobs' groups first, as systemd expects of a delegated service."""
+    base = Path(parent) if parent else MOUNT / own_path("").lstrip("/")
+    try:
+        _write(base / "cgroup.subtree_control", V2.CONTROLLERS)
+    except OSError as exc:
+        if exc.errno != errno.EBUSY or parent:
+            raise
+        leaf = base / "agent"
+        leaf.mkdir(exist_ok=True)
+        for pid in _pids_in(base):
+            with contextlib.suppress(ProcessLookupError):
+                _write(leaf / "cgroup.procs", str(pid))
+        _write(base / "cgroup.subtree_control", V2.CONTROLLERS)
     return _agent_folder(base / TOP, controllers=V2.CONTROLLERS)
 
 

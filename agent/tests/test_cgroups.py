@@ -208,3 +208,30 @@ def test_sizes_are_said_in_words():
     assert format_bytes(8 << 30) == "8 GiB"
     assert format_bytes(int(1.2 * (1 << 30))) == "1.2 GiB"
     assert format_bytes(128 << 20) == "128 MiB"
+
+
+@pytest.mark.slow  # registering looks for GPUs with a process
+@pytest.mark.django_db
+def test_a_host_without_limits_says_so_in_its_log_and_on_the_hosts_page(settings, client, admin,
+                                                                        caplog):
+    import logging
+
+    from django.urls import reverse
+
+    from agent.host import HostAgent
+    from resources.models import Host
+
+    settings.EDT_CGROUPS = False
+    agent = HostAgent("unconfined-host", cpu_slots=1, address="127.0.0.1")
+    try:
+        with caplog.at_level(logging.WARNING, logger="edt.agent"):
+            agent.check_limits()
+    finally:
+        cgroups.current = cgroups.Probe(None, "not probed")
+    agent.register()
+    info = Host.objects.get(name="unconfined-host").agent_info["limits"]
+    assert info["enabled"] is False and "without per-process memory" in info["detail"]
+    assert any("EDT_CGROUPS=false" in r.getMessage() for r in caplog.records)
+    client.force_login(admin)
+    assert "without per-process memory, process and CPU limits" in \
+        client.get(reverse("hosts")).content.decode()
