@@ -235,3 +235,27 @@ def test_a_host_without_limits_says_so_in_its_log_and_on_the_hosts_page(settings
     client.force_login(admin)
     assert "without per-process memory, process and CPU limits" in \
         client.get(reverse("hosts")).content.decode()
+
+
+@pytest.mark.parametrize("hit, said", [
+    ("memory", "Worker 3 exceeded its 8 GiB memory limit"),
+    ("pids", "Worker 3 hit its limit of 1024 processes"),
+    (None, "Worker 3 exited with code -9"),
+])
+def test_a_worker_that_ran_into_a_limit_fails_naming_it(monkeypatch, hit, said):
+    from types import SimpleNamespace
+
+    from agent import worker_supervisor
+    from agent.processes import Child
+
+    events = []
+    monkeypatch.setattr(worker_supervisor, "_release", lambda *args: True)
+    monkeypatch.setattr(worker_supervisor, "record_event",
+                        lambda job, kind, message, **data: events.append((kind, message)))
+    child = Child(key="slot:2", proc=SimpleNamespace(), log_path=Path("/nonexistent/stdout"),
+                  group=SimpleNamespace(limit_hit=lambda: hit),
+                  limits=cgroups.Limits(8 << 30, 1024, 100))
+    alloc = SimpleNamespace(pk=2, worker_id="3", host=SimpleNamespace(name="h"))
+    watch = SimpleNamespace(alloc=alloc, job=SimpleNamespace(pk=1), child=child)
+    worker_supervisor._worker_failed(watch, -9)
+    assert events == [("worker.failed", said)]
