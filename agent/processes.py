@@ -847,10 +847,12 @@ def _let_in(proc: subprocess.Popen, group: cgroups.Group, gate_w: int) -> None:
     is killed (it would run without limits) and the error raised."""
     try:
         group.add(proc.pid)
-    except OSError:
+    except OSError as exc:
         proc.kill()
         proc.wait()
-        raise
+        # Not an exec error (which _launch_failures words for the owner): the host's fault.
+        raise RuntimeError(f"cannot put the process in its cgroup {group.name}: {exc}") \
+            from exc
     os.write(gate_w, b"1")
 
 
