@@ -88,14 +88,14 @@ class Limits:
             return int(getattr(settings, name, default))
 
         return cls(
-            per_s={"metric": get("EDT_EVENTS_METRICS_PER_S", 200),
-                   "log": get("EDT_EVENTS_LOG_LINES_PER_S", 200),
-                   "other": get("EDT_EVENTS_OTHER_PER_S", 50)},
-            burst={"metric": get("EDT_EVENTS_METRICS_BURST", 2000),
-                   "log": get("EDT_EVENTS_LOG_LINES_BURST", 5000),
+            per_s={"metric": get("EDT_EVENTS_METRICS_PER_S", 50),
+                   "log": get("EDT_EVENTS_LOG_LINES_PER_S", 100),
+                   "other": get("EDT_EVENTS_OTHER_PER_S", 20)},
+            burst={"metric": get("EDT_EVENTS_METRICS_BURST", 1000),
+                   "log": get("EDT_EVENTS_LOG_LINES_BURST", 2000),
                    "other": get("EDT_EVENTS_OTHER_BURST", 500)},
             max_bytes=get("EDT_EVENTS_MAX_BYTES", 64 * 1024),
-            backlog_high=get("EDT_EVENTS_BACKLOG_HIGH", 100_000),
+            backlog_high=get("EDT_EVENTS_BACKLOG_HIGH", 10_000),
             behind_per_s=get("EDT_EVENTS_BEHIND_PER_S", 5),
             stream_max=get("EDT_EVENTS_STREAM_MAX", 1_000_000),
             report_s=get("EDT_EVENTS_DROP_REPORT_S", 10),

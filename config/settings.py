@@ -241,17 +241,19 @@ EDT_EVENTS_REDIS_URL = os.environ.get("EDT_EVENTS_REDIS_URL") or None
 # Fair share of the events path (agent.relay): what one process of a job may send, per second
 # with a burst. Metrics and log lines over their limit are dropped (and the job's log says so);
 # every other event is never dropped, only read more slowly (the job's own queue overflows,
-# not anyone else's). The runtime sends a metrics event a second (EDT_METRICS_INTERVAL_S).
-EDT_EVENTS_METRICS_PER_S = env_int("EDT_EVENTS_METRICS_PER_S", 200)
-EDT_EVENTS_METRICS_BURST = env_int("EDT_EVENTS_METRICS_BURST", 2000)
-EDT_EVENTS_LOG_LINES_PER_S = env_int("EDT_EVENTS_LOG_LINES_PER_S", 200)
-EDT_EVENTS_LOG_LINES_BURST = env_int("EDT_EVENTS_LOG_LINES_BURST", 5000)
-EDT_EVENTS_OTHER_PER_S = env_int("EDT_EVENTS_OTHER_PER_S", 50)
+# not anyone else's). The runtime sends one metrics event a second (EDT_METRICS_INTERVAL_S);
+# the event consumer stores some hundreds to a few thousand a second.
+EDT_EVENTS_METRICS_PER_S = env_int("EDT_EVENTS_METRICS_PER_S", 50)
+EDT_EVENTS_METRICS_BURST = env_int("EDT_EVENTS_METRICS_BURST", 1000)
+EDT_EVENTS_LOG_LINES_PER_S = env_int("EDT_EVENTS_LOG_LINES_PER_S", 100)
+EDT_EVENTS_LOG_LINES_BURST = env_int("EDT_EVENTS_LOG_LINES_BURST", 2000)
+EDT_EVENTS_OTHER_PER_S = env_int("EDT_EVENTS_OTHER_PER_S", 20)
 EDT_EVENTS_OTHER_BURST = env_int("EDT_EVENTS_OTHER_BURST", 500)
 EDT_EVENTS_MAX_BYTES = env_int("EDT_EVENTS_MAX_BYTES", 64 * 1024)
-# The consumer trims only what it has read; when this many entries wait unread all the same,
-# every process is held to EDT_EVENTS_BEHIND_PER_S of each kind until the consumer catches up.
-EDT_EVENTS_BACKLOG_HIGH = env_int("EDT_EVENTS_BACKLOG_HIGH", 100_000)
+# The consumer trims only what it has read; when this many entries wait unread all the same
+# (seconds of its work), every process is held to EDT_EVENTS_BEHIND_PER_S of each kind until
+# it catches up.
+EDT_EVENTS_BACKLOG_HIGH = env_int("EDT_EVENTS_BACKLOG_HIGH", 10_000)
 EDT_EVENTS_BEHIND_PER_S = env_int("EDT_EVENTS_BEHIND_PER_S", 5)
 # Redis's memory, the last resort with no consumer at all: past this length XADD trims.
 EDT_EVENTS_STREAM_MAX = env_int("EDT_EVENTS_STREAM_MAX", 1_000_000)
