@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 import time
 import zipfile
 from collections.abc import Collection, Iterator, Sequence
@@ -168,13 +169,15 @@ def _entries(dir_fd: int) -> tuple[list[str], list[str]]:
     return sorted(folders), sorted(others)
 
 
-def _folders(fd: int, prefix: tuple[str, ...], skip: Collection[str],
-             depth: int = 0) -> Iterator[tuple[tuple[str, ...], int, list[str]]]:
+def _folders(fd: int, prefix: tuple[str, ...], skip: Collection[str], depth: int = 0,
+             max_depth: int | None = None) -> Iterator[tuple[tuple[str, ...], int, list[str]]]:
     """(path, descriptor, names of the other entries) for the folder ``fd`` and every folder
-    below it, depth first in name order; one descriptor open per level."""
+    below it down to ``max_depth`` (``MAX_DEPTH``), depth first in name order; one descriptor
+    open per level. A folder is entered with ``O_DIRECTORY | O_NOFOLLOW``: a link swapped in
+    is not followed, and a FIFO or device behind it is never opened."""
     folders, others = _entries(fd)
     yield prefix, fd, others
-    if depth >= MAX_DEPTH:
+    if depth >= (MAX_DEPTH if max_depth is None else max_depth):
         return
     for name in folders:
         if depth == 0 and name in skip:
@@ -184,7 +187,7 @@ def _folders(fd: int, prefix: tuple[str, ...], skip: Collection[str],
         except OSError:
             continue  # swapped for a link or removed since it was listed
         try:
-            yield from _folders(sub, (*prefix, name), skip, depth + 1)
+            yield from _folders(sub, (*prefix, name), skip, depth + 1, max_depth)
         finally:
             os.close(sub)
 
@@ -218,13 +221,18 @@ def list_files(root: Root, top: Sequence[str] = (), *,
 
 def allocated_bytes(root: Root) -> int:
     """The disk that the files and folders below ``root`` take (allocated blocks, not sizes: a
-    sparse file costs what it really holds), walked by descriptor without following a link
-    (``os.fwalk``, at any depth Python's recursion allows); 0 when ``root`` is no real folder.
-    Hard links inside are counted once."""
+    sparse file costs what it really holds), walked by descriptor without following or opening
+    a link (not ``os.fwalk``: it opens a folder the job swapped for a link to a FIFO, and waits),
+    at any depth Python's recursion allows; 0 when ``root`` is no real folder. Hard links inside
+    are counted once."""
     total, seen = 0, set()
     try:
-        for _, folders, files, fd in os.fwalk(root, follow_symlinks=False):
-            for name in (".", *folders, *files):
+        top = open_folder(root)
+    except OSError:
+        return 0
+    try:
+        for _, fd, files in _folders(top, (), (), max_depth=sys.getrecursionlimit()):
+            for name in (".", *files):
                 try:
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 except OSError:
@@ -234,6 +242,8 @@ def allocated_bytes(root: Root) -> int:
                     total += st.st_blocks * 512
     except RecursionError:
         pass  # deeper than any job needs: what was counted so far stands
+    finally:
+        os.close(top)
     return total
 
 

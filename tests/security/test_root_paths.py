@@ -23,7 +23,7 @@ import pytest
 
 from agent import processes
 from agent.processes import RunAs, prepare_job_dir
-from jobs import services
+from jobs import jobfiles, services
 from runtime import checkpoint
 from tests.security.test_result_links import _job_account
 
@@ -271,3 +271,44 @@ def test_removing_a_job_folder_opens_nothing_behind_a_link_swapped_in(
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     # What the job moved out of the way while the removal ran is named, not silently kept.
     assert not result.exists() or left
+
+
+# --- measuring a job's folder (the results quota) --------------------------------------------
+
+
+def test_measuring_a_job_folder_opens_nothing_behind_a_link_swapped_in(tmp_path, monkeypatch):
+    # The agent (root) measures every job's folder for the results quota, again and again: a
+    # job that swaps a folder for a link just as the walk enters it must not get root to open
+    # what the link points at (a FIFO here; a device would be opened for real).
+    result = tmp_path / "job-1"
+    (result / "checkpoint" / "epoch-1").mkdir(parents=True)
+    (result / "checkpoint" / "epoch-1" / "state.pth").write_bytes(b"s" * 8192)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    real_open = os.open
+    opened: list[str] = []
+
+    def swap_then_open(path, flags, mode=0o777, *, dir_fd=None):
+        if path == "epoch-1" and dir_fd is not None and not opened:
+            os.rename(path, "epoch-1.moved", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.symlink(fifo, path, dir_fd=dir_fd)
+            opened.append("swapped")
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        if not stat.S_ISDIR(os.fstat(fd).st_mode) and not stat.S_ISREG(os.fstat(fd).st_mode):
+            opened.append(f"opened {path}")
+        return fd
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    sizes: list[int] = []
+    walker = threading.Thread(target=lambda: sizes.append(jobfiles.allocated_bytes(result)),
+                              daemon=True)
+    walker.start()
+    walker.join(10)
+    monkeypatch.undo()
+    if walker.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the walk go on
+        walker.join(10)
+        pytest.fail("the walk opened a FIFO through a link the job swapped in, and waited")
+    assert opened[:1] == ["swapped"], "the walk never entered the folder"
+    assert opened == ["swapped"], "root opened what a link the job swapped in points at"
+    assert sizes[0] > 0
