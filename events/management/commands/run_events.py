@@ -169,7 +169,11 @@ class StreamReader:
         close_old_connections()
         ingest_many(items)
         client.xack(self.stream, self.group, *[mid for mid, _ in items])
-        self._trim(client)
+        try:
+            self._trim(client)
+        except redis.ResponseError as exc:
+            # The stream went away meanwhile (a Redis restarted empty): nothing to trim.
+            log.warning("could not trim %s: %s", self.stream, exc)
         return len(items)
 
     def _trim(self, client: redis.Redis) -> None:
