@@ -95,9 +95,8 @@ def job_submit(
         validate_hyper_parameters(hyper_parameters)  # says what is wrong with it
     hp = validate_hyper_parameters({**(model.hyper_parameters or {}), **(hyper_parameters or {})})
     validate_command_line(words, env, hp)
-    # The model's folder may have changed since it was registered: what the agent would run is
-    # checked now, not after the job took a slot; so is where it lives (a link to the model
-    # root planted since, or a row stored before models were confined per user).
+    # The model's folder may have changed since it was registered (a link planted since, a row
+    # older than the per-user rule): where it is and what the agent would run are checked now.
     validate_model_location(model)
     check_main_file(Path(model.location), model.main_file)
     epochs = hp.get("epochs", 0)

@@ -394,8 +394,8 @@ def test_a_model_stored_with_an_absurd_epoch_count_cannot_be_submitted(
 def test_a_main_file_that_is_no_python_source_is_refused_on_every_interface(
     api, owner, cluster, dataset, model_def, roots, settings, content
 ):
-    folder = roots["models"] / "zipped"
-    folder.mkdir()
+    folder = roots["models"] / "alice" / "zipped"  # alice's own model area
+    folder.mkdir(parents=True)
     (folder / "main.py").write_bytes(content)
     models_before = ModelDefinition.objects.count()
     response = api(owner).post("/api/v1/models/", {
