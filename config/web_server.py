@@ -52,6 +52,9 @@ def configs(args: argparse.Namespace, ws_max_size: int) -> list[uvicorn.Config]:
         "proxy_headers": False,  # nothing in front is trusted to name the client
         "server_header": False,
         "ws_max_size": ws_max_size,  # a WebSocket message is a request body too
+        # As daphne: no per-message compression, whose CPU per client and message (the live
+        # pages' small JSON events, sent to every viewer) costs more than the bytes it saves.
+        "ws_per_message_deflate": False,
         "timeout_graceful_shutdown": GRACEFUL_S,
     }
     host = args.host.strip("[]")  # "[::1]" as a URL writes it
