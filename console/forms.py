@@ -150,9 +150,11 @@ class ModelDefinitionForm(forms.Form):
     def __init__(self, *args, datasets, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["dataset"].queryset = datasets
+        # models.locations' rule (the datasets' one), said before anyone breaks it.
         self.fields["location"].help_text = roots_help(
-            settings.EDT_MODEL_ROOTS, "model roots", "edt-demo"
-        ) + " It holds the main file."
+            settings.EDT_MODEL_ROOTS, "model roots", "resnet"
+        ) + (" It holds the main file. Your own model folders are under <model root>/<your user"
+             " name>/, where a relative path is looked up first; an admin may share others.")
 
     def clean(self) -> dict:
         data = super().clean()
