@@ -238,3 +238,21 @@ def test_the_command_reports_rows_that_break_the_rule(world, owner, legacy, caps
 def test_the_command_is_quiet_and_succeeds_when_every_row_keeps_the_rule(world, capsys):
     call_command("check_model_locations")
     assert "keeps the model location rule" in capsys.readouterr().out
+
+
+
+def test_a_user_named_uploads_gets_no_model_folder_among_the_uploads(django_user_model, world):
+    """``<model root>/uploads/`` is where uploaded models are unpacked: a user of that name
+    has no own area there."""
+    from django.core.exceptions import ValidationError
+
+    from models.services import model_create
+
+    user = django_user_model.objects.create_user("uploads", password="uploads-pass-1234")
+    (world["models"] / "uploads" / "net").mkdir()
+    _with_main(world["models"] / "uploads" / "net")
+    for location in ("net", str(world["uploaded"]), str(world["models"] / "uploads")):
+        with pytest.raises(ValidationError) as refused:
+            model_create(owner=user, name="m", location=location, dataset=None)
+        assert "uploaded folders are registered by uploading" in str(
+            refused.value.message_dict["location"]), location
