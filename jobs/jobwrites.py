@@ -188,23 +188,20 @@ def _finish(fd: int, st: os.stat_result) -> None:
 # --- owners and modes ------------------------------------------------------------------------
 
 
-def _open_entry(fd: int, name: str) -> tuple[int, bool] | None:
+def _open_entry(fd: int, entry: os.DirEntry) -> tuple[int, bool] | None:
     """(descriptor, is a folder) for a folder or a plain file with one name; None for a link,
-    anything else, or what is gone."""
+    anything else, or what is gone. The folder's listing says what each entry is (no call):
+    only what it calls a folder or a plain file is opened, and checked again on its
+    descriptor, so a device, FIFO or socket is never opened."""
     try:
-        return os.open(name, _DIR, dir_fd=fd), True
-    except NotADirectoryError:
-        pass
-    except OSError:
-        return None  # a link (ELOOP), or gone
-    try:
-        # Looked at before it is opened: a device or FIFO is never opened at all.
-        if not _plain(os.stat(name, dir_fd=fd, follow_symlinks=False)):
+        if entry.is_dir(follow_symlinks=False):
+            return os.open(entry.name, _DIR, dir_fd=fd), True
+        if not entry.is_file(follow_symlinks=False):
             return None
-        leaf = os.open(name, _READ, dir_fd=fd)
+        leaf = os.open(entry.name, _READ, dir_fd=fd)
     except OSError:
-        return None
-    if _plain(os.fstat(leaf)):  # and again on what was opened
+        return None  # a link (ELOOP), no longer a folder (ENOTDIR), or gone
+    if _plain(os.fstat(leaf)):
         return leaf, False
     os.close(leaf)
     return None
@@ -214,19 +211,20 @@ def _below(fd: int, depth: int = 0) -> Iterator[tuple[int, bool]]:
     """(descriptor, is a folder) for every folder and plain file below the folder ``fd``,
     each folder after what it holds."""
     try:
-        names = sorted(os.listdir(fd))
+        with os.scandir(fd) as listing:
+            entries = list(listing)
     except OSError:
         return
-    for name in names:
-        entry = _open_entry(fd, name)
-        if entry is None:
+    for entry in entries:
+        opened = _open_entry(fd, entry)
+        if opened is None:
             continue
         try:
-            if entry[1] and depth < MAX_DEPTH:
-                yield from _below(entry[0], depth + 1)
-            yield entry
+            if opened[1] and depth < MAX_DEPTH:
+                yield from _below(opened[0], depth + 1)
+            yield opened
         finally:
-            os.close(entry[0])
+            os.close(opened[0])
 
 
 def change_tree(top: Root, change: Callable[[int, bool], None]) -> None:
