@@ -309,6 +309,10 @@ EDT_WMLA_TOKEN_TTL_S = env_int("EDT_WMLA_TOKEN_TTL_S", 8 * 3600)  # WMLA's logon
 # on the upload views, which take EDT_MAX_UPLOAD_BYTES more. A body let through is spooled by
 # Django: in memory up to FILE_UPLOAD_MAX_MEMORY_SIZE, on disk (TMPDIR) beyond it.
 EDT_MAX_REQUEST_BYTES = env_int("EDT_MAX_REQUEST_BYTES", 1024 * 1024)
+# The most connections (WebSockets and idle ones included) each of the web server's ports keeps
+# open; a request on one more is a 503. Many slow bodies held open at once are what is left to
+# an anonymous client: this bounds them (at most about this many EDT_MAX_REQUEST_BYTES).
+EDT_WEB_MAX_CONNECTIONS = env_int("EDT_WEB_MAX_CONNECTIONS", 1000)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 

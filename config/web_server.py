@@ -42,10 +42,13 @@ class Listener(uvicorn.Server):
         yield
 
 
-def configs(args: argparse.Namespace, ws_max_size: int) -> list[uvicorn.Config]:
+def configs(args: argparse.Namespace, ws_max_size: int,
+            max_connections: int) -> list[uvicorn.Config]:
     """http on ``--host:--port`` (or the listening socket ``--fd``) and, with a certificate,
     https on ``--https-port``."""
     common = {
+        # Bodies are bounded each (config.body_limit); this bounds how many are held at once.
+        "limit_concurrency": max_connections or None,
         "lifespan": "off",  # Channels' router has no lifespan protocol
         "access_log": False,  # as daphne's default: the console logs what matters itself
         "log_config": None,  # Django's LOGGING configures the loggers
@@ -99,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     import config.asgi  # noqa: F401 - Django set up, and the application imported, once
 
-    servers = [Listener(config) for config in configs(args, settings.EDT_MAX_REQUEST_BYTES)]
+    made = configs(args, settings.EDT_MAX_REQUEST_BYTES, settings.EDT_WEB_MAX_CONNECTIONS)
+    servers = [Listener(config) for config in made]
     asyncio.run(serve(servers, args.fd))
 
 

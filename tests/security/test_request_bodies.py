@@ -16,6 +16,7 @@ any of it is read.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -123,14 +124,20 @@ def server(tmp_path_factory) -> Iterator[dict]:
     made = subprocess.run([*manage, "shell", "-c", SETUP], cwd=ROOT, check=True,
                           env={**env, "SETUP_PASSWORD": PASSWORD}, capture_output=True, text=True)
     setup = json.loads(made.stdout.strip().splitlines()[-1])
+    with _serving(env, root / "web.log") as (pid, port):
+        yield {"port": port, "pid": pid, "env": env, "root": root, **setup}
+
+
+@contextlib.contextmanager
+def _serving(env: dict[str, str], log: Path) -> Iterator[tuple[int, int]]:
+    """The web server as ``./edt up`` starts it, on a free port: its pid and port."""
     port = free_port()
-    log = root / "web.log"
     with log.open("w") as sink:
         web = subprocess.Popen(web_argv("127.0.0.1", port, 0, None), cwd=ROOT, env=env,  # noqa: S603
                                stdout=sink, stderr=subprocess.STDOUT)
     try:
         _wait_for(f"http://127.0.0.1:{port}/login/", web, log)
-        yield {"port": port, "pid": web.pid, "log": log, **setup}
+        yield web.pid, port
     finally:
         web.terminate()
         try:
@@ -298,3 +305,27 @@ def test_a_live_pages_websocket_still_opens_for_a_signed_in_user_only(server):
         assert ws.ping().wait(30), "no answer to a ping"
     with pytest.raises(InvalidStatus, match="403"):
         connect(url, origin=base, open_timeout=30)
+
+
+def test_slow_bodies_held_open_are_bounded_by_the_connection_limit(server):
+    """What is left to an anonymous client is many small bodies held open at once: past
+    ``EDT_WEB_MAX_CONNECTIONS`` a new request is a 503, so they cannot add up without bound."""
+    env = {**server["env"], "EDT_WEB_MAX_CONNECTIONS": "4"}
+    with _serving(env, server["root"] / "web-capped.log") as (_, port):
+        url = f"http://127.0.0.1:{port}/login/"
+        head = (b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1048576\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\n\r\n")
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(3)]
+        try:
+            for sock in held:
+                sock.sendall(head + b"x" * (512 * 1024))  # half a body, and then nothing
+            assert requests.get(url, timeout=30).status_code == 503
+        finally:
+            for sock in held:
+                sock.close()
+        # Once they are gone it serves again (it sees them close soon after they do).
+        deadline = time.monotonic() + 30
+        while (status := requests.get(url, timeout=30).status_code) == 503:
+            assert time.monotonic() < deadline, "still 503 30 s after the slow bodies closed"
+            time.sleep(0.1)
+        assert status == 200
