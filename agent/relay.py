@@ -65,7 +65,7 @@ _POLL_MS = 500
 
 # The kinds that are sampled when a process sends too many: each event counts on its own.
 DROPPABLE = {"metrics.train": "metric", "metrics.test": "metric", "log": "log"}
-_KIND_WORDS = {"metric": "metric events", "log": "log lines"}
+_KIND_WORDS = {"metric": "metric events", "log": "log lines", "other": "events"}
 _LINE_WHY = {"not JSON": "not JSON", "type not relayed": "not an event a job may send"}
 
 
@@ -185,6 +185,10 @@ class Relay:
         self.unreported: Counter[str] = Counter()
         self.unreported_since = 0.0
         self.skipping = False  # inside a line that is too long
+        self.until: float | None = None  # the end of the drain window, once the process exited
+        # Once it has exited, the process's last events are not paced (the relay reads for
+        # DRAIN_S only): up to a burst of them; any beyond, over the limit, are dropped.
+        self.last_words = self.limits.burst["other"]
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"edt-relay-{job_id}-{source}")
@@ -217,10 +221,8 @@ class Relay:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         buf = b""
-        until = None  # set once the process has exited
-        while until is None or time.monotonic() < until:
-            if until is None and self.proc.poll() is not None:
-                until = time.monotonic() + DRAIN_S
+        while self.until is None or time.monotonic() < self.until:
+            self._note_exit()
             self._report()
             if not poller.poll(_POLL_MS):
                 continue
@@ -260,13 +262,19 @@ class Relay:
             self.sink.put(json.dumps(self._stamped(event), default=str))
             self.relayed += 1
 
+    def _note_exit(self) -> None:
+        """Once the process has exited, the relay reads its pipe for ``DRAIN_S`` more."""
+        if self.until is None and self.proc.poll() is not None:
+            self.until = time.monotonic() + DRAIN_S
+
     def _behind(self) -> bool:
         return self.sink is not None and self.sink.length >= self.limits.backlog_high
 
     def _admit(self, kind: str) -> bool:
         """Take a token for an event of ``kind``. A metric or log line without one is dropped
         (and counted for the job's log); any other event waits for its token: this thread
-        then reads the pipe no faster than the limit, and the job's own queue takes the rest."""
+        then reads the pipe no faster than the limit, and the job's own queue takes the rest.
+        After the process has exited there is no waiting: see ``last_words``."""
         while True:
             behind = self._behind()
             rate, burst = self.limits.per_s[kind], self.limits.burst[kind]
@@ -275,8 +283,13 @@ class Relay:
             wait = self.buckets[kind].take(rate, burst)
             if not wait:
                 return True
-            if kind != "other":
-                why = f"{kind} behind" if behind else f"{kind} rate"
+            self._note_exit()
+            late = kind == "other" and self.until is not None
+            if late and self.last_words > 0:
+                self.last_words -= 1
+                return True
+            if kind != "other" or late:
+                why = f"{kind} {'late' if late else 'behind' if behind else 'rate'}"
                 self.dropped[why] += 1
                 self._count(why)
                 return False
@@ -308,6 +321,10 @@ class Relay:
         kind, _, cause = why.partition(" ")
         if cause == "rate":
             return _KIND_WORDS[kind], f"over the limit of {self.limits.per_s[kind]:g} events/s"
+        if cause == "late":
+            return _KIND_WORDS[kind], (
+                f"over the limit of {self.limits.per_s[kind]:g} events/s when the process "
+                f"ended, past its last {self.limits.burst[kind]:,}")
         if cause == "behind":
             return _KIND_WORDS[kind], (
                 f"over the limit of {self.limits.behind_per_s:g} events/s while the event "

@@ -20,6 +20,7 @@ import redis
 from django.conf import settings
 
 from agent.relay import DRAIN_S, Limits, Relay, events_pipe
+from runtime.tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,7 +142,7 @@ events.emit("log", stream="stdout", line="not for this file")
 def _limits(**changes) -> Limits:
     """Small limits a test can reach in a fraction of a second."""
     base = Limits(per_s={"metric": 10, "log": 10, "other": 40},
-                  burst={"metric": 20, "log": 20, "other": 5}, max_bytes=1024,
+                  burst={"metric": 20, "log": 20, "other": 40}, max_bytes=1024,
                   backlog_high=1_000_000, behind_per_s=5, stream_max=1_000_000, report_s=3600)
     return dataclasses.replace(base, **changes)
 
@@ -202,6 +203,7 @@ def test_while_the_stream_is_behind_every_process_is_held_to_the_behind_rate(str
     client = redis.Redis.from_url(settings.REDIS_URL)
     for i in range(60):  # unread entries: the consumer is behind
         client.xadd(stream, {"data": json.dumps({"type": "log", "n": i})})
+    # (Its 30 epoch.end, paced at the behind rate, fit in its last 40 once it has ended.)
     relay, published, took = _relay_burst(stream, _limits(backlog_high=50))
     ours = [e for e in published if e.get("source") == "worker:h1-slot0"]
     most = 5 + 5 * took + 1
@@ -229,3 +231,50 @@ os.write(fd, (json.dumps({"type": "epoch.end", "epoch": 0}) + "\\n").encode())
     assert [e["type"] for e in published if e["source"] == "driver"] == ["epoch.end"]
     assert any(e.get("line", "").startswith("job 9 driver: 1 lines dropped")
                and e["line"].endswith("longer than 1,024 bytes") for e in published), published
+
+
+@pytest.mark.slow
+def test_lifecycle_events_are_paced_while_the_process_runs_and_its_last_kept(stream):
+    # Lifecycle events are never dropped for their rate while the process runs: the relay
+    # reads them more slowly instead. Once it ended, it still takes a burst of them unpaced
+    # (its last words), drops the rest over the limit, and stops DRAIN_S later, as ever.
+    code = """
+import json, os, sys
+fd = int(os.environ["EDT_EVENTS_FD"])
+def send(ids):
+    data = "".join(json.dumps({"type": "worker.joined", "worker_id": str(i)}) + "\\n"
+                   for i in ids).encode()
+    while data:
+        data = data[os.write(fd, data):]
+send(range(60))
+sys.stdin.readline()  # until the test has seen them all
+send(range(60, 660))
+"""
+    with events_pipe() as (read_end, write_end):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=(write_end,), cwd=REPO, stdin=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO), "EDT_EVENTS_FD": str(write_end)})
+    limits = _limits(per_s={"metric": 10, "log": 10, "other": 20},
+                     burst={"metric": 20, "log": 20, "other": 5})
+    started = time.monotonic()
+    relay = Relay(read_end, proc, job_id=11, source="driver", url=settings.REDIS_URL,
+                  stream=stream, limits=limits).start()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        wait_until(lambda: client.xlen(stream) == 60, "the first 60 events relayed", timeout=30)
+    finally:
+        proc.communicate(b"\n", timeout=60)
+    # 5 at once, then 20 a second: the 60th no sooner than 55 / 20 s after the first.
+    ids = [int(i.split(b"-")[0]) for i, _ in client.xrange(stream)]
+    assert ids[-1] - ids[0] >= 55 / 20 * 1000 - 100, "the relay did not pace them"
+    assert relay.wait(DRAIN_S + 30), "the relay outlived its process"
+    took = time.monotonic() - started
+    joined = [e["worker_id"] for e in _published(stream) if e["type"] == "worker.joined"]
+    assert joined == [str(i) for i in range(len(joined))]  # in order, none skipped
+    # Never more than the burst, the rate over the relay's life and the last words.
+    assert 65 <= len(joined) <= 5 + 20 * took + 5 + 1
+    assert relay.dropped == {"other late": 660 - len(joined)}
+    lines = [e["line"] for e in _published(stream) if e["type"] == "log"]
+    assert any(line.startswith(f"job 11 driver: {660 - len(joined):,} events dropped")
+               and line.endswith("over the limit of 20 events/s when the process ended, past "
+                                 "its last 5") for line in lines), lines
