@@ -20,7 +20,7 @@ The modules, in the order an event goes through them:
 - ``publish``: the stream's name and :func:`events.publish.publish`, which Django-side code
   calls to append an event.
 - ``management/commands/run_events``: the event consumer process; it reads the stream as a
-  consumer group and hands each batch to ingest.
+  consumer group, hands each batch to ingest, and trims what it has read.
 - ``ingest``: :func:`events.ingest.ingest_many`, the only place that turns an event into
   database rows, log lines and a Channels message. It drops what may not be stored and hands
   the rest to ``rows`` and ``fanout``.
@@ -43,6 +43,14 @@ its type is one of the runtime's (``runtime.events.RUNTIME_TYPES``), so it can n
 for an allocation or an agent's record such as ``driver.started``; and what ingest itself
 adds for the browsers (``slots``, ``cluster``, ``owner_id``) is never taken from an event,
 so no event shows other users a cluster or a job it made up.
+
+Fair share: the relay holds each process of a job to a rate per kind of event (metrics and log
+lines over it are dropped, and the job's log and page say so; every other type is only read
+more slowly), and nothing trims the stream's unread entries: XADD trims only past
+``EDT_EVENTS_STREAM_MAX``, a guard of Redis's memory, and ``run_events`` trims what every
+consumer group has read and acknowledged. So one job's flood can cost others only time, never
+their events, and while the stream is behind (``EDT_EVENTS_BACKLOG_HIGH``) every process is
+held to a rate an honest job's events fit in (``agent.relay``).
 
 Delivery is at least once, so ingest is idempotent: an event already stored (same job, type,
 source and timestamp) is not stored twice, and a log line whose stream id is not newer than the
