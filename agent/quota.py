@@ -12,14 +12,18 @@ between two checks.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.conf import settings
+from django.db import DatabaseError
 
 from agent.processes import format_bytes
 from jobs import states
 from jobs.jobfiles import allocated_bytes, result_folder
 from jobs.models import TrainingJob
+
+log = logging.getLogger("edt.execution")
 
 # How often a running job's owner's results are measured.
 CHECK_S = 2.0
@@ -33,10 +37,16 @@ class ResultsQuota:
     """The results quota of one job's owner, as that job's supervisor checks it."""
 
     def __init__(self, job_id: int) -> None:
-        job = TrainingJob.objects.select_related("owner").get(pk=job_id)
-        self.job_id, self.owner_id, self.owner = job_id, job.owner_id, job.owner.get_username()
+        self.job_id = job_id
+        self.owner_id: int | None = None
+        self.owner = ""
         self.ended: dict[int, int] = {}  # the owner's ended jobs: their folders, measured once
         self.last = 0.0
+
+    def _load_owner(self) -> None:
+        if self.owner_id is None:
+            job = TrainingJob.objects.select_related("owner").get(pk=self.job_id)
+            self.owner_id, self.owner = job.owner_id, job.owner.get_username()
 
     def used(self) -> int:
         total = 0
@@ -57,6 +67,7 @@ class ResultsQuota:
         quota = quota_bytes()
         if not quota:
             return None
+        self._load_owner()
         used = self.used()
         if used < quota:
             return None
@@ -69,4 +80,9 @@ class ResultsQuota:
         if time.monotonic() - self.last < CHECK_S:
             return None
         self.last = time.monotonic()
-        return self.check()
+        try:
+            return self.check()
+        except DatabaseError as exc:
+            # A busy database is no reason to end a healthy driver: measure at the next pass.
+            log.warning("job %s: results quota not checked: %s", self.job_id, exc)
+            return None
