@@ -66,6 +66,16 @@ with open(os.path.join(os.environ["RESULT_DIR"], "big.bin"), "wb") as f:
         f.write(chunk)
 """
 
+# The same 3 GiB in 16 MiB files: no one file reaches the quota, the agent's measure stops it.
+WRITE_3_GIB_IN_FILES = """
+import os
+chunk = bytes(1 << 20)
+for n in range(3 * 64):
+    with open(os.path.join(os.environ["RESULT_DIR"], f"part-{n}.bin"), "wb") as f:
+        for i in range(16):
+            f.write(chunk)
+"""
+
 
 @pytest.fixture
 def limits_on():
@@ -152,3 +162,21 @@ def test_a_job_writing_3_gib_is_stopped_at_its_owners_results_quota(limits_on, o
     assert "their quota of 64 MiB" in job.error, _error(job)
     # Stopped at the quota, not after the 3 GiB.
     assert Path(job.result_dir, "big.bin").stat().st_blocks * 512 <= 65 << 20
+
+
+@pytest.mark.django_db
+def test_a_job_writing_3_gib_in_small_files_is_stopped_by_the_agents_measure(
+        limits_on, owner, cluster, settings, monkeypatch):
+    try:
+        from agent import quota
+    except ImportError:  # before the agent measured results: the attack goes through
+        pass
+    else:
+        monkeypatch.setattr(quota, "CHECK_S", 0.0)  # at every pass of the driver's supervisor
+    settings.EDT_RESULTS_QUOTA_BYTES = 64 << 20
+    job = _job(owner, cluster, WRITE_3_GIB_IN_FILES)
+    assert _run(job) == states.FAILED, _error(job)
+    job.refresh_from_db()
+    assert f"job {job.pk} stopped: results of alice use" in job.error, _error(job)
+    written = sum(p.stat().st_blocks * 512 for p in Path(job.result_dir).glob("part-*.bin"))
+    assert written < 1 << 30, f"{written} bytes written before the job was stopped"
