@@ -339,6 +339,7 @@ def any_redis(request, settings, tmp_path):
         server.stop()
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_consumer_trims_only_what_every_reader_has_read_and_acknowledged(job, isolated,
                                                                              any_redis):
     client = redis.Redis.from_url(any_redis)
