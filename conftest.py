@@ -14,10 +14,11 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from rest_framework.test import APIClient
+
+from tests.support import worker_redis_url
 
 # Every test here starts servers, agents, jobs or browsers (or re-runs a bench harness).
 SLOW_DIRS = ("tests/benches/", "tests/browser/", "tests/e2e/", "tests/reliability/",
@@ -27,16 +28,6 @@ PROCESS_FIXTURES = frozenset({
     "process_start", "e2e", "e2e_records", "console", "chromium", "page", "product",
     "cluster_processes", "dlicmd", "root_agent", "private_redis", "passworded_redis",
 })
-REDIS_DATABASES = 16  # redis-server's default number of databases
-
-
-def worker_redis_url(url: str, worker: int) -> str:
-    """``url`` with a database of xdist worker ``worker``'s own: the next ones after the
-    run's, so a worker never shares keys (a scheduler lock, a host's queue) with another."""
-    parts = urlsplit(url)
-    base = int(parts.path.strip("/") or 0)
-    db = (base + 1 + worker) % REDIS_DATABASES
-    return urlunsplit(parts._replace(path=f"/{db}"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

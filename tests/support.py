@@ -10,6 +10,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 
 def free_port() -> int:
@@ -17,6 +18,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+REDIS_DATABASES = 16  # redis-server's default number of databases
+
+
+def worker_redis_url(url: str, worker: int) -> str:
+    """``url`` with a database of pytest-xdist worker ``worker``'s own: the ones after the
+    run's, so a worker never shares keys (a scheduler lock, a host's queue) with another."""
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(base + 1 + worker) % REDIS_DATABASES}"))
 
 
 def events_behind(client, stream: str, group: str) -> int | None:
