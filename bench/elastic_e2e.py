@@ -57,6 +57,8 @@ def _django(tmp: Path) -> None:
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
         "EDT_VAR_DIR": str(tmp / "var"),
+        # Where the bench's model lives (Bench.records): submit checks the model is there.
+        "EDT_MODEL_ROOTS": str(tmp / "models"),
         "SECRET_KEY": f"bench-{uuid.uuid4().hex}",
         "AXES_ENABLED": "false",
     })

@@ -66,6 +66,8 @@ class Cluster:
         settings_fixture.EDT_REDIS_PREFIX = self.prefix
         settings_fixture.EDT_EVENTS_STREAM = self.stream
         settings_fixture.EDT_RESULT_ROOT = self.results
+        # The model root the job's code lives in (``model_dir``): submit checks it is there.
+        settings_fixture.EDT_MODEL_ROOTS = [(tmp / "models").resolve()]
         self.env = {
             k: v for k, v in os.environ.items()
             if not k.startswith(("EDT_", "PYTEST_", "DATABASE_URL"))
@@ -78,6 +80,7 @@ class Cluster:
                 "SECRET_KEY": "e2e-not-secret",
                 "EDT_VAR_DIR": str(tmp / "var"),
                 "EDT_RESULT_ROOT": str(self.results),
+                "EDT_MODEL_ROOTS": str((tmp / "models").resolve()),
                 "EDT_REDIS_PREFIX": self.prefix,
                 "EDT_EVENTS_STREAM": self.stream,
                 "EDT_HEARTBEAT_S": "1",
