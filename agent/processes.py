@@ -59,6 +59,7 @@ from jobs import jobwrites
 from jobs.jobfiles import LOG_FOLDER, job_folders, open_beneath
 from jobs.models import TrainingJob
 from jobs.validation import is_reserved_env
+from models.locations import location_problem
 from models.validation import SAMPLE_BYTES, main_file_problem
 from runtime.fabric_home import build_fabric_home
 
@@ -885,6 +886,11 @@ def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str]) -> Child:
         if _accounts_unusable:
             raise LaunchError(_accounts_unusable)
         open_way_for_jobs()
+    # Checked at registration and submit, and again here: a folder that became a link to a
+    # root or to another user's code since must not be copied into this job's folder.
+    problem = location_problem(job.model)
+    if problem:
+        raise LaunchError(f"The model's folder is refused: {problem}")
     env = as_account(env, user)
     root = prepare_job_dir(job, user)
     if user is not None and user.isolated:

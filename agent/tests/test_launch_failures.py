@@ -91,6 +91,20 @@ def test_arguments_no_shell_could_split_fail_the_job_at_once(launch, job, script
 
 
 @pytest.mark.django_db
+def test_a_model_folder_swapped_for_a_link_to_the_root_after_submit_fails_at_launch(
+        launch, job, script, settings, roots):
+    script(FINISH)
+    # After submit, the folder becomes a link to the model root, which holds every user's
+    # code: the agent must not copy it into the job's folder.
+    folder = Path(job.model.location)
+    folder.rename(folder.with_name("moved-away"))
+    folder.symlink_to(roots["models"])
+    outcome, took = launch(job)
+    _assert_failed_at_once(job, settings, outcome, took, "The model's folder is refused")
+    assert not Path(job.result_dir, "_submitted_code").exists()
+
+
+@pytest.mark.django_db
 @pytest.mark.slow
 def test_arguments_over_the_systems_limit_fail_the_job_at_once(launch, job, script, settings):
     script(FINISH)
