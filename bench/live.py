@@ -1,13 +1,13 @@
 """Benchmark of the live path: from an event published by the runtime to its arrival in the
 browsers' WebSockets.
 
-It starts a real console in a temporary folder (SQLite database, daphne, the ``run_events``
-consumer; Redis from ``REDIS_URL`` or 127.0.0.1:6379), signs 50 WebSocket clients in as the
-job's owner on ``/ws/jobs/<id>/``, then publishes events as the runtime does (``XADD`` to the
-stream, the publisher's ``time.time()`` in ``ts``): alternately a log line and a training
+It starts a real console in a temporary folder (SQLite database, the uvicorn web server, the
+``run_events`` consumer; Redis from ``REDIS_URL`` or 127.0.0.1:6379), signs 50 WebSocket clients
+in as the job's owner on ``/ws/jobs/<id>/``, then publishes events as the runtime does (``XADD``
+to the stream, the publisher's ``time.time()`` in ``ts``): alternately a log line and a training
 metric, at a steady rate. Each client records ``arrival - ts`` for every event; the whole path
-is measured: stream read, database write (metric rows, log file), Channels group send, daphne,
-the socket.
+is measured: stream read, database write (metric rows, log file), Channels group send, the web
+server, the socket.
 
 Then it measures the job page in Chromium (``bench/job_page.py``): the long tasks of the page
 of a 10,000-step job while live events arrive (``--no-job-page`` leaves this out;
@@ -168,7 +168,7 @@ def main() -> None:
     if args.cpu_slowdown < 1:
         parser.error("--cpu-slowdown must be 1 (no slowdown) or more")
 
-    harness.install()  # daphne and run_events end with the bench, even on a signal
+    harness.install()  # the web server and run_events end with the bench, even on a signal
     tag = uuid.uuid4().hex[:10]
     root = Path(tempfile.mkdtemp(prefix="edt-bench-live-"))
     env = prepare(root, tag)
@@ -178,7 +178,7 @@ def main() -> None:
     job_id, session = make_job()
     page_job = None if args.no_job_page else job_page.seed_job(username="bench")
     port = free_port()
-    logs = [(root / name).open("w") for name in ("daphne.log", "run_events.log")]
+    logs = [(root / name).open("w") for name in ("web.log", "run_events.log")]
     procs = [
         subprocess.Popen([python, "-m", "config.web_server", "--port", str(port)], cwd=ROOT,
                          env=env, stdout=logs[0], stderr=subprocess.STDOUT),
@@ -187,9 +187,9 @@ def main() -> None:
     ]
     try:
         try:
-            wait_for(lambda: _answers(f"http://127.0.0.1:{port}/login/"), "daphne", 60, 0.2)
+            wait_for(lambda: _answers(f"http://127.0.0.1:{port}/login/"), "the web server", 60, 0.2)
         except TimeoutError:
-            raise SystemExit("daphne did not start; see " + str(root)) from None
+            raise SystemExit("the web server did not start; see " + str(root)) from None
         latencies = asyncio.run(
             run_clients(args, port, job_id, session, env["EDT_EVENTS_STREAM"])
         )

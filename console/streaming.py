@@ -9,7 +9,8 @@ waits on the disk, and the response holds one step's worth at a time. Under WSGI
 test client) the synchronous iterator is handed over as it is, which WSGI streams.
 
 What a server does with the bytes once sent is the server's: one with flow control (uvicorn)
-waits for a slow client; daphne queues what the client has not taken yet in its own memory.
+waits for a slow client (daphne, used before, queued what the client had not taken yet in its
+own memory).
 
 Every file from a job's folder is sent as an attachment with ``application/octet-stream`` and
 ``nosniff``: a job chooses its files' names and content, and a ``.html`` or ``.js`` it wrote must

@@ -291,7 +291,7 @@ def _disable_tls_warnings() -> None:
 def resolve_base_url(host: str, port: int, verify: bool) -> str:
     """``host[:port]`` -> a base URL. A URL is used as given; a bare host is tried with https
     first and http second, as WMLA's dlicmd does. The https probe waits ``PROBE_TIMEOUT_S`` at
-    most: a plain-http server either answers the TLS hello with an error at once, or (daphne)
+    most: a plain-http server either answers the TLS hello with an error at once, or (some servers)
     keeps the connection open without a word."""
     if host.startswith(("http://", "https://")):
         return host.rstrip("/")

@@ -115,8 +115,8 @@ def test_every_exec_command_needs_an_exec_id(capsys, tmp_path, monkeypatch):
 class FakeServer:
     """A real socket server on 127.0.0.1 that answers HTTP/1.1 with JSON from ``routes``.
 
-    Plain (``tls=None``), a TLS hello gets no answer and the connection stays open, as daphne
-    does. With an ``ssl.SSLContext`` it speaks https. ``silent`` takes connections and never
+    Plain (``tls=None``), a TLS hello gets no answer and the connection stays open, as some servers
+    do. With an ``ssl.SSLContext`` it speaks https. ``silent`` takes connections and never
     answers anything."""
 
     def __init__(self, routes: dict | None = None, tls=None, silent: bool = False,

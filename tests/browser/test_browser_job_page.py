@@ -1,4 +1,4 @@
-"""The job page of a long job, in a real browser against daphne and Redis: it stays responsive
+"""The job page of a long job, in a real browser against the web server and Redis: it stays responsive
 while live events keep arriving (each chart redraws at most every 250 ms and the log at most
 every 100 ms, however many events came; no task near a hang, by the Long Tasks API), its events
 are ordered and numbered like Progress, its log filters by rank and searches and follows its
