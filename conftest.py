@@ -103,6 +103,18 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(nodeid)
 
 
+@pytest.fixture(autouse=True)
+def _quick_password_hashing(request: pytest.FixtureRequest) -> None:
+    """A fast hasher first for the users a quick test creates (PBKDF2's many rounds were most
+    of the API tests' setup). Not in slow tests: the processes they start, with the product's
+    own settings, could not check an MD5 hash. The product's hashers stay listed, so every
+    hash still verifies."""
+    if request.node.get_closest_marker("slow") is None:
+        settings = request.getfixturevalue("settings")
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher",
+                                     *settings.PASSWORD_HASHERS]
+
+
 @pytest.fixture
 def roots(tmp_path: Path, settings) -> dict[str, Path]:
     """Users register datasets from their own area of a data root, ``<root>/<username>/``:
