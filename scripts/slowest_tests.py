@@ -21,7 +21,7 @@ REPORTS = Path(__file__).resolve().parent.parent / "var" / "test-reports"
 
 
 def latest_report(folder: Path = REPORTS) -> Path:
-    reports = sorted(folder.glob("junit-*.xml"))
+    reports = sorted(folder.glob("junit-*.xml"), key=lambda p: p.stat().st_mtime)
     if not reports:
         sys.exit(f"no junit-*.xml under {folder}: run ./edt test first")
     return reports[-1]
