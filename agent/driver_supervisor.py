@@ -33,7 +33,7 @@ from agent.processes import (
 from agent.quota import ResultsQuota
 from agent.supervisor import HEARTBEAT_S, POLL_S, TERM_GRACE_S, agent_stopping, driver_addr
 from config.control_plane import wake_scheduler
-from events.publish import publish
+from config.event_stream import publish
 from jobs import jobfiles, states
 from jobs.models import TrainingJob
 from jobs.services import record_event

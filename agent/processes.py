@@ -54,7 +54,7 @@ from django.conf import settings
 
 from agent import cgroups, warm
 from agent.relay import Relay, events_pipe
-from events.publish import stream_name
+from config.event_stream import stream_name
 from jobs import jobwrites
 from jobs.jobfiles import LOG_FOLDER, job_folders, open_beneath
 from jobs.models import TrainingJob

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 
-from events.publish import publish
+from config.event_stream import publish
 from jobs.models import SlotAllocation, TrainingJob
 
 POLL_S = 0.25

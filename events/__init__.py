@@ -17,8 +17,9 @@ is ingested, so a page that missed an event is right again at the next one.
 
 The modules, in the order an event goes through them:
 
-- ``publish``: the stream's name and :func:`events.publish.publish`, which Django-side code
-  calls to append an event.
+- ``config/event_stream.py`` (below every service, so the scheduler, the agents, the console and
+  the ``jobs`` services all publish the same way): the stream's name and
+  :func:`config.event_stream.publish`, which Django-side code calls to append an event.
 - ``management/commands/run_events``: the event consumer process; it reads the stream as a
   consumer group, hands each batch to ingest, and trims what it has read.
 - ``ingest``: :func:`events.ingest.ingest_many`, the only place that turns an event into

@@ -38,7 +38,7 @@ from django.db.models import F, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from events.publish import publish
+from config.event_stream import publish
 from jobs import states
 from jobs.models import RELEASE_FORCED, RELEASE_JOB_ENDED, SlotAllocation, TrainingJob
 from resources.models import GPU, Host, InstanceGroup

@@ -17,11 +17,11 @@ from channels.layers import get_channel_layer
 from django.conf import settings as django_settings
 
 from config import control_plane
+from config.event_stream import publish
 from events.ingest import clear_caches, ingest, ingest_many
 from events.logs import log_sources, read_log, read_log_after
 from events.management.commands import run_events
 from events.management.commands.run_events import Command, StreamReader
-from events.publish import publish
 from jobs import states
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from runtime.tests.helpers import wait_until

@@ -5,8 +5,8 @@ the console's database, like the real one.
 ``python tests/browser/standin_scheduler.py run``: wake up on ``edt:scheduler:wake`` (what
 ``jobs.services`` publishes on submit, priority change and stop) or every half second, decide
 with the real policy (``scheduler.allocate``), write ``SlotAllocation`` rows and publish
-the allocation events through ``events.publish.publish``. It also plays the execution layer's part
-(slots are released at once, a stop ends the job), since no runtime runs here.
+the allocation events through ``config.event_stream.publish``. It also plays the execution
+layer's part (slots are released at once, a stop ends the job), since no runtime runs here.
 
 To test with the real service instead, replace ``cycle()`` by ``SchedulerService(executor)
 .cycle()`` with an executor that confirms reclaims, and ``run`` by its ``SchedulerLoop``.
@@ -34,8 +34,8 @@ from django.db import transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from config.control_plane import WAKE_CHANNEL, redis_client  # noqa: E402
+from config.event_stream import publish  # noqa: E402
 from datasets.services import dataset_create  # noqa: E402
-from events.publish import publish  # noqa: E402
 from jobs import states  # noqa: E402
 from jobs.models import SlotAllocation, TrainingJob  # noqa: E402
 from jobs.services import job_submit  # noqa: E402

@@ -390,7 +390,7 @@ TrainingJob.objects.filter(pk={job}).update(max_workers={n})
 # A job ends the way the scheduler ends one: its state first, announced while its slots are
 # still held, then (END_RELEASE) the slots given back with no event of their own.
 END_STATE = """
-from events.publish import publish
+from config.event_stream import publish
 from jobs import states
 from jobs.models import TrainingJob
 job = TrainingJob.objects.get(pk={job})

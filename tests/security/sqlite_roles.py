@@ -127,7 +127,7 @@ def _supervise(report: Report, host: str, alloc, beats: dict, started: set) -> N
     from django.utils import timezone
 
     from agent import driver_supervisor, worker_supervisor
-    from events.publish import publish
+    from config.event_stream import publish
 
     job = alloc.job
     attempt = job.attempt

@@ -25,9 +25,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import InterfaceError, OperationalError, close_old_connections
 
+from config.event_stream import stream_name
 from events.ingest import ingest_many
 from events.logs import stream_id
-from events.publish import stream_name
 
 log = logging.getLogger("events.run_events")
 

@@ -1,8 +1,10 @@
 """Publishing an event from Django-side code: the scheduler, the host agents and the console.
 
-Every event has the same shape (see the ``events`` package): ``type``, ``job_id``, ``source``,
-``ts`` and the type's own fields. The runtime, which has no Django, writes the same shape in
-``runtime/events.py``.
+It lives in ``config``, under every package that publishes (``jobs`` services, the scheduler,
+the host agents, the console), beside the other transport the services share
+(``config.control_plane``). Every event has the same shape (see the ``events`` package):
+``type``, ``job_id``, ``source``, ``ts`` and the type's own fields. The runtime, which has no
+Django, writes the same shape in ``runtime/events.py``.
 """
 
 from __future__ import annotations
