@@ -9,11 +9,13 @@ for longer than the scheduler waits before it starts another (``driver_lease_s``
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
@@ -33,10 +35,9 @@ from agent.processes import (
 from agent.quota import ResultsQuota
 from agent.supervisor import HEARTBEAT_S, POLL_S, TERM_GRACE_S, agent_stopping, driver_addr
 from config.control_plane import wake_scheduler
-from config.event_stream import publish
 from jobs import jobfiles, states
+from jobs.lifecycle import job_end, job_fail, job_start, record_event
 from jobs.models import TrainingJob
-from jobs.services import record_event
 from resources.models import Host
 from runtime import control
 from runtime.checkpoint import advance_fence
@@ -139,8 +140,7 @@ def _record_driver_started(job_id: int, attempt: int, host_name: str, addr: str)
             source=f"agent:{host_name}", attempt=attempt, addr=addr, host=host_name,
         )
         if job.state == states.RECOVERING:
-            job.transition(states.RUNNING)
-            publish("job.state", job_id, f"agent:{host_name}", state=states.RUNNING)
+            job_start(job, source=f"agent:{host_name}")
         return True
 
 
@@ -286,33 +286,70 @@ class _DriverWatch:
         return SUPERSEDED
 
 
-def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int, child: Child) -> str:
-    # The driver has exited, so its output is whole: read it before taking the job's lock.
-    verdict = None if rc in (0, DRIVER_EXIT_STOPPED) else (
-        _limit_reached(job_id, child) or _users_fault(rc, child.tail(200)))
+class DriverEnd(enum.Enum):
+    """How a driver process ended, as its exit code and last lines tell."""
+
+    FINISHED = "finished"  # exit 0: the final model is saved
+    STOPPED = "stopped"  # it stopped on a request (DRIVER_EXIT_STOPPED)
+    USERS_FAULT = "user's fault"  # the user's code or a limit: a retry would fail again
+    MACHINE_FAULT = "machine fault"  # a signal, a crash: a new attempt may succeed
+
+
+def _classify(job_id: int, rc: int, child: Child) -> tuple[DriverEnd, str]:
+    """How the driver ended, and what its owner is told. Its output is whole by now, so it
+    is read here, before the job's row is locked."""
+    if rc == 0:
+        return DriverEnd.FINISHED, ""
+    if rc == DRIVER_EXIT_STOPPED:
+        return DriverEnd.STOPPED, ""
+    verdict = _limit_reached(job_id, child) or _users_fault(rc, child.tail(200))
     if verdict:
-        return _fail_now(job_id, attempt, host_name, verdict, exit_code=rc)
+        return DriverEnd.USERS_FAULT, verdict
+    tail = "\n".join(child.tail(10))
+    return DriverEnd.MACHINE_FAULT, f"Driver exited with code {rc}:\n{tail}"[-4000:]
+
+
+def _on_current_attempt(job_id: int, attempt: int, act: Callable[[TrainingJob], str]) -> str:
+    """``act`` on the job's locked row while ``attempt`` is still its current attempt and the
+    job has not ended; else what the supervisor answers (superseded, or the final state)."""
     with transaction.atomic():
         job = _locked_attempt(job_id, attempt)
         if job is None:
             return SUPERSEDED
         if job.is_terminal:
             return job.state
-        if rc in (0, DRIVER_EXIT_STOPPED):
-            return _driver_ended(job, host_name, finished=rc == 0)
-        # Anything else may be the machine's fault and succeed on retry: let the scheduler
-        # recover it now (new attempt from the latest checkpoint), counting against the
-        # job's restart budget.
-        tail = "\n".join(child.tail(10))
-        job.heartbeat = None
-        job.error = f"Driver exited with code {rc}:\n{tail}"[-4000:]
-        job.save(update_fields=["heartbeat", "error"])
-        record_event(
-            job, "driver.exited", f"Driver exited with code {rc}", source=f"agent:{host_name}",
-            attempt=attempt, exit_code=rc,
-        )
-        wake_scheduler("driver.lost", job=job_id)
-        return f"exited {rc}"
+        return act(job)
+
+
+def _driver_lost(job: TrainingJob, host_name: str, attempt: int, rc: int, error: str) -> str:
+    """Maybe the machine's fault: the scheduler recovers the job now (a new attempt from the
+    latest checkpoint), counting against its restart budget."""
+    job.heartbeat, job.error = None, error
+    job.save(update_fields=["heartbeat", "error"])
+    record_event(
+        job, "driver.exited", f"Driver exited with code {rc}", source=f"agent:{host_name}",
+        attempt=attempt, exit_code=rc,
+    )
+    wake_scheduler("driver.lost", job=job.pk)
+    return f"exited {rc}"
+
+
+# What each way of ending does to the job: (job, host, attempt, exit code, what to say).
+_END_ACTIONS: dict[DriverEnd, Callable[[TrainingJob, str, int, int, str], str]] = {
+    DriverEnd.FINISHED: lambda job, host, attempt, rc, said: _driver_ended(job, host,
+                                                                           finished=True),
+    DriverEnd.STOPPED: lambda job, host, attempt, rc, said: _driver_ended(job, host,
+                                                                          finished=False),
+    DriverEnd.USERS_FAULT: lambda job, host, attempt, rc, said: _fail(job, host, said,
+                                                                      exit_code=rc),
+    DriverEnd.MACHINE_FAULT: _driver_lost,
+}
+
+
+def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int, child: Child) -> str:
+    end, said = _classify(job_id, rc, child)
+    return _on_current_attempt(
+        job_id, attempt, lambda job: _END_ACTIONS[end](job, host_name, attempt, rc, said))
 
 
 def _limit_reached(job_id: int, child: Child) -> str | None:
@@ -351,17 +388,11 @@ def _users_fault(rc: int, lines: list[str]) -> str | None:
 def _fail_now(job_id: int, attempt: int, host_name: str, error: str, **data: object) -> str:
     """A failure no retry can mend (the script or its launch): the job is FAILED at once with
     the real reason, spending no restart, and the scheduler frees its slots."""
-    with transaction.atomic():
-        job = _locked_attempt(job_id, attempt)
-        if job is None:
-            return SUPERSEDED
-        if job.is_terminal:
-            return job.state
-        error = error[:4000]
-        job.transition(states.FAILED, error=error)
-        record_event(job, "job.failed", error, source=f"agent:{host_name}", **data)
-        publish("job.state", job_id, f"agent:{host_name}", state=states.FAILED, error=error)
-        wake_scheduler("job.ended", job=job_id, state=states.FAILED)
+    return _on_current_attempt(job_id, attempt, lambda job: _fail(job, host_name, error, **data))
+
+
+def _fail(job: TrainingJob, host_name: str, error: str, **data: object) -> str:
+    job_fail(job, source=f"agent:{host_name}", error=error, **data)
     return states.FAILED
 
 
@@ -374,17 +405,7 @@ def _driver_ended(job: TrainingJob, host_name: str, *, finished: bool) -> str:
         final, error = states.FINISHED, ""
     else:
         final, error = states.FAILED, STOPPED_UNASKED
-    if job.state in (states.RECOVERING, states.PENDING) and final == states.FINISHED:
-        job.transition(states.RUNNING)  # the state machine's path to FINISHED
-    job.transition(final, error=error)
-    # A finished job keeps no error from an earlier attempt it recovered from.
-    job.heartbeat, job.error = None, error
-    job.save(update_fields=["heartbeat", "error"])
-    if final == states.FAILED:
-        record_event(job, "job.failed", error, source=f"agent:{host_name}")
-    publish("job.state", job.pk, f"agent:{host_name}", state=final,
-            **({"error": error} if final == states.FAILED else {}))
-    wake_scheduler("job.ended", job=job.pk, state=final)
+    job_end(job, final, source=f"agent:{host_name}", error=error)
     return final
 
 

@@ -24,11 +24,11 @@ from django.db import close_old_connections, transaction
 
 from agent import cgroups, warm
 from agent.processes import check_job_accounts, end_all, user_python
-from agent.supervisor import publish_slot_released, stop_supervising
+from agent.supervisor import stop_supervising
 from config.celery import app
 from config.control_plane import wake_scheduler
+from jobs.lifecycle import host_slots_release
 from jobs.models import RELEASE_HOST_LOST
-from jobs.services import host_slots_release
 from resources.discovery import HostUsageSampler, discover
 from resources.services import host_heartbeat, host_leave, host_queue, host_register
 
@@ -42,8 +42,6 @@ def leave(*, name: str, reason: str = "agent stopped") -> int:
     with transaction.atomic():
         left = host_leave(name=name, reason=reason)  # wakes the scheduler when it was UP
         released = host_slots_release(host_name=name, reason=RELEASE_HOST_LOST)
-        for alloc in released:
-            publish_slot_released(alloc, name)
         if released and not left:
             wake_scheduler("host.lost", host=name, why=reason)
     return len(released)

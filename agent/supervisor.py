@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import threading
 
-from config.event_stream import publish
-from jobs.models import SlotAllocation, TrainingJob
+from jobs.models import TrainingJob
 
 POLL_S = 0.25
 # How often a supervisor writes its heartbeat (the scheduler's timeouts are several times this).
@@ -55,12 +54,4 @@ def driver_addr(job_id: int, attempt: int) -> str | None:
         .exclude(driver_address="")
         .values_list("driver_address", flat=True)
         .first()
-    )
-
-
-def publish_slot_released(alloc: SlotAllocation, host_name: str) -> None:
-    """Tell the console that a slot was given back (``alloc.release_reason`` says why)."""
-    publish(
-        "slot.released", alloc.job_id, f"agent:{host_name}", host=host_name, slot=alloc.slot,
-        reason=alloc.release_reason, worker_id=alloc.worker_id,
     )

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
 
 from agent.keys import driver_secret
 from agent.processes import Child, LaunchError, build_env, registry, spawn
@@ -28,10 +27,10 @@ from agent.supervisor import (
     TERM_GRACE_S,
     agent_stopping,
     driver_addr,
-    publish_slot_released,
 )
 from config.control_plane import redis_client, slot_heartbeat_key
 from jobs import states
+from jobs.lifecycle import record_event, slot_release
 from jobs.models import (
     RELEASE_FINISHED,
     RELEASE_JOB_ENDED,
@@ -39,7 +38,6 @@ from jobs.models import (
     RELEASE_WORKER_FAILED,
     SlotAllocation,
 )
-from jobs.services import record_event, slot_release
 from runtime import control
 from runtime.config import DriverState
 
@@ -77,14 +75,10 @@ def run_worker(allocation_id: int) -> str:
             log.debug("slot heartbeat not cleared: %s", exc)
 
 
-def _release(alloc_id: int, reason: str) -> bool:
+def _release(alloc: SlotAllocation, reason: str) -> bool:
     """Give the slot back (the runtime confirmed, or the process proved, that its worker is
     gone) and tell the console; False when it was given back already."""
-    with transaction.atomic():
-        alloc = slot_release(allocation_id=alloc_id, reason=reason)
-        if alloc is not None:
-            publish_slot_released(alloc, alloc.host.name)
-    return alloc is not None
+    return slot_release(alloc.pk, reason=reason, source=f"agent:{alloc.host.name}") is not None
 
 
 class _SlotBeat:
@@ -142,7 +136,7 @@ def _await_driver(alloc: SlotAllocation, beat: _SlotBeat) -> tuple[int, str] | s
         if alloc.released_at is not None or job.is_terminal or agent_stopping.is_set():
             return "released before start"
         if alloc.reclaim_requested_at is not None:
-            _release(alloc.pk, RELEASE_RECLAIMED)
+            _release(alloc, RELEASE_RECLAIMED)
             return "reclaimed before start"
         attempt = job.attempt
         addr = driver_addr(job.pk, attempt) if attempt else None
@@ -167,7 +161,7 @@ def _worker_env(alloc: SlotAllocation, attempt: int, addr: str) -> dict[str, str
 
 def _launch_failed(alloc: SlotAllocation, exc: LaunchError) -> str:
     # This slot cannot serve the job (its driver, which starts first, could): free it.
-    _release(alloc.pk, RELEASE_WORKER_FAILED)
+    _release(alloc, RELEASE_WORKER_FAILED)
     record_event(alloc.job, "worker.failed", f"Worker {alloc.worker_id} cannot start: {exc}",
                  source=f"agent:{alloc.host.name}", worker_id=alloc.worker_id)
     return "launch failed"
@@ -335,7 +329,7 @@ def _rejoin(watch: _Watch) -> RunResult:
 
 def _job_over(watch: _Watch) -> RunResult:
     result = watch.end("ended: job over")
-    _release(watch.alloc.pk, RELEASE_JOB_ENDED)
+    _release(watch.alloc, RELEASE_JOB_ENDED)
     return result
 
 
@@ -360,7 +354,7 @@ def _after_exit(watch: _Watch, rc: int) -> RunResult:
     """Why the slot is given back, now that its worker exited with ``rc``."""
     watch.refresh()
     if watch.left_at is not None or (rc == 0 and watch.alloc.reclaim_requested_at is not None):
-        _release(watch.alloc.pk, RELEASE_RECLAIMED)
+        _release(watch.alloc, RELEASE_RECLAIMED)
         return RunResult("left (reclaimed)")
     if rc == 0:
         return _exited_cleanly(watch)
@@ -378,7 +372,7 @@ def _exited_with_error(watch: _Watch, rc: int) -> RunResult:
         if decided is not None:
             return decided
     if held and watch.job.is_terminal:
-        _release(watch.alloc.pk, RELEASE_JOB_ENDED)
+        _release(watch.alloc, RELEASE_JOB_ENDED)
         return RunResult("ended: job over")
     if held:
         _worker_failed(watch, rc)
@@ -402,7 +396,7 @@ def _exited_cleanly(watch: _Watch) -> RunResult:
     if watch.rejoins():
         return REJOIN
     finished = watch.job.state == states.FINISHED
-    _release(watch.alloc.pk, RELEASE_FINISHED if finished else RELEASE_JOB_ENDED)
+    _release(watch.alloc, RELEASE_FINISHED if finished else RELEASE_JOB_ENDED)
     return RunResult("finished")
 
 
@@ -414,7 +408,7 @@ def _await_driver_decision(watch: _Watch) -> RunResult | None:
     if watch.rejoins():
         return REJOIN
     if watch.job.is_terminal:
-        _release(watch.alloc.pk, RELEASE_JOB_ENDED)
+        _release(watch.alloc, RELEASE_JOB_ENDED)
         return RunResult("ended: job over")
     return None
 
@@ -423,7 +417,7 @@ def _worker_failed(watch: _Watch, rc: int) -> None:
     # Killed or crashed: free the slot; the job goes on with the others, and the scheduler
     # may grant a replacement.
     alloc = watch.alloc
-    _release(alloc.pk, RELEASE_WORKER_FAILED)
+    _release(alloc, RELEASE_WORKER_FAILED)
     # A limit the kernel enforced says more than the exit code it left (SIGKILL, EAGAIN).
     limit = watch.child.limit_message(f"worker {alloc.worker_id}")
     said = f"Worker {alloc.worker_id} exited with code {rc}"

@@ -158,6 +158,7 @@ def _service_cycles(n_jobs: int) -> float:
 
     from datasets.models import Dataset
     from jobs import states
+    from jobs.lifecycle import job_end
     from jobs.models import TrainingJob
     from models.models import ModelDefinition
     from resources.models import Host, InstanceGroup, ResourceGroup
@@ -208,7 +209,7 @@ def _service_cycles(n_jobs: int) -> float:
             TrainingJob.objects.filter(state=states.RUNNING).order_by("?")[: n_jobs // 50]
         )
         for job in running[: n_jobs // 100]:
-            job.transition(states.FINISHED)
+            job_end(job, states.FINISHED, source="bench")
         for job in running[n_jobs // 100 :]:
             TrainingJob.objects.filter(pk=job.pk).update(priority=rng.choice(PRIORITIES))
         TrainingJob.objects.bulk_create(new_jobs(n_jobs // 100, arrived))

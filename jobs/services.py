@@ -16,7 +16,8 @@ from config.control_plane import wake_scheduler
 from config.ownership import is_admin
 from jobs import jobfiles, jobwrites, states
 from jobs import priority as bounds
-from jobs.models import JobEvent, SlotAllocation, TrainingJob
+from jobs.lifecycle import job_kill_now, job_queue, record_event
+from jobs.models import TrainingJob
 from jobs.validation import (
     validate_args,
     validate_command_line,
@@ -58,12 +59,6 @@ def validate_job_name(name: object) -> str:
     if "\x00" in name:
         raise ValidationError({"name": "A job's name may not contain a NUL character."})
     return name
-
-
-def record_event(
-    job: TrainingJob, type: str, message: str = "", source: str = "", **data
-) -> JobEvent:
-    return JobEvent.objects.create(job=job, type=type, source=source, message=message, data=data)
 
 
 def job_submit(
@@ -120,11 +115,7 @@ def job_submit(
         )
         job.result_dir = str(jobfiles.result_folder(job.pk))
         job.save(update_fields=["result_dir"])
-        job.transition(states.PENDING)
-        record_event(
-            job, "job.submitted", f"Submitted with max {max_workers} workers", source="console"
-        )
-        wake_scheduler("job.submitted", job=job.pk)
+        job_queue(job, source="console", message=f"Submitted with max {max_workers} workers")
     return job
 
 
@@ -247,44 +238,14 @@ def job_kill(*, job: TrainingJob, user, reason: str = "") -> TrainingJob:
             job.state in (states.SUBMITTED, states.PENDING)
             and not job.allocations.filter(released_at__isnull=True).exists()
         ):
-            job.transition(states.KILLED, error=message)
+            job_kill_now(job, source=user.get_username(), message="Killed", error=message,
+                         wake=False)
         else:
             job.stop_requested_at = timezone.now()
             job.save(update_fields=["stop_requested_at"])
         record_event(job, "job.stop_requested", message, source=user.get_username())
         wake_scheduler("job.killed", job=job.pk)
     return job
-
-
-def slot_release(*, allocation_id: int, reason: str) -> SlotAllocation | None:
-    """Give a slot back, with why (one of the ``RELEASE_*`` reasons), unless it was given back
-    already, and have the scheduler decide again. The released allocation, or None when it was
-    not held any more."""
-    with transaction.atomic():
-        n = SlotAllocation.objects.filter(pk=allocation_id, released_at__isnull=True).update(
-            released_at=timezone.now(), release_reason=reason
-        )
-        if not n:
-            return None
-        wake_scheduler("slot.released", allocation=allocation_id, why=reason)
-        return SlotAllocation.objects.select_related("host").get(pk=allocation_id)
-
-
-def host_slots_release(*, host_name: str, reason: str) -> list[SlotAllocation]:
-    """Give back every slot still held on a host (its agent is leaving); the allocations
-    released. The caller wakes the scheduler, once for the host."""
-    now = timezone.now()
-    with transaction.atomic():
-        held = list(
-            SlotAllocation.objects.select_for_update()
-            .filter(host__name=host_name, released_at__isnull=True)
-        )
-        SlotAllocation.objects.filter(pk__in=[a.pk for a in held]).update(
-            released_at=now, release_reason=reason
-        )
-    for alloc in held:
-        alloc.released_at, alloc.release_reason = now, reason
-    return held
 
 
 def _own_result_folder(job: TrainingJob) -> Path | None:

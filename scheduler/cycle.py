@@ -34,12 +34,19 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from django.db import transaction
-from django.db.models import F, Q, QuerySet, Value
-from django.db.models.functions import Coalesce
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from config.event_stream import publish
 from jobs import states
+from jobs.lifecycle import (
+    job_fail,
+    job_kill_now,
+    job_preempt,
+    job_recover,
+    jobs_start,
+    slot_release,
+)
 from jobs.models import RELEASE_FORCED, RELEASE_JOB_ENDED, SlotAllocation, TrainingJob
 from resources.models import GPU, Host, InstanceGroup
 from scheduler.placement import diff
@@ -126,17 +133,15 @@ def after_commit(fn: Callable[[], None]) -> None:
     transaction.on_commit(run)
 
 
-def release(alloc: SlotAllocation, now: datetime, reason: str, executor: Executor) -> bool:
-    """Release an active allocation and, after the commit, have its process ended if one is
-    left. False if someone released it first."""
-    n = SlotAllocation.objects.filter(pk=alloc.pk, released_at__isnull=True).update(
-        released_at=now, release_reason=reason
-    )
-    if n:
-        alloc.released_at = now
-        alloc.release_reason = reason
+def release(alloc: SlotAllocation, now: datetime, reason: str, executor: Executor,
+            message: str = "") -> bool:
+    """Release an active allocation (``jobs.lifecycle.slot_release`` says so) and, after the
+    commit, have its process ended if one is left. False if someone released it first."""
+    released = slot_release(alloc, reason=reason, source="scheduler", message=message, now=now,
+                            wake=False)
+    if released is not None:
         after_commit(lambda a=alloc: executor.reclaim(a))
-    return bool(n)
+    return released is not None
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -319,8 +324,8 @@ class GroupCycle:
         for that row."""
         InstanceGroup.objects.select_for_update(no_key=True).filter(pk=self.group.pk).first()
 
-    def release(self, alloc: SlotAllocation, reason: str) -> bool:
-        return release(alloc, self.now, reason, self.executor)
+    def release(self, alloc: SlotAllocation, reason: str, message: str = "") -> bool:
+        return release(alloc, self.now, reason, self.executor, message)
 
     def force_overdue_reclaims(self) -> None:
         """Reclaims past the grace period are forced: the slot is released now, its process
@@ -330,18 +335,10 @@ class GroupCycle:
             released_at__isnull=True,
             reclaim_requested_at__lt=self.now - self.grace,
         ).select_related("job", "host"):
-            if self.release(alloc, RELEASE_FORCED):
+            message = (f"Worker on {alloc.host.name} slot {alloc.slot} did not leave within "
+                       f"{self.group.reclaim_grace_s}s; slot forced free")
+            if self.release(alloc, RELEASE_FORCED, message):
                 self.report.forced += 1
-                publish_event(
-                    alloc.job,
-                    "slot.released",
-                    f"Worker on {alloc.host.name} slot {alloc.slot} did not leave within "
-                    f"{self.group.reclaim_grace_s}s; slot forced free",
-                    host=alloc.host.name,
-                    slot=alloc.slot,
-                    allocation=alloc.pk,
-                    reason=RELEASE_FORCED,
-                )
 
     def release_ended_jobs(self, state: GroupState) -> list[TrainingJob]:
         """A job that has ended but still holds slots (its processes are on their way out) gives
@@ -350,14 +347,9 @@ class GroupCycle:
         for job in state.jobs:
             if job.state in states.TERMINAL:
                 for alloc in state.by_job.pop(job.pk, []):
-                    if self.release(alloc, RELEASE_JOB_ENDED):
-                        # Said like every other release, so live charts drop the slot now.
-                        publish_event(
-                            job, "slot.released",
-                            f"Slot {alloc.slot} on {alloc.host.name} given back: the job "
-                            f"ended", host=alloc.host.name, slot=alloc.slot,
-                            allocation=alloc.pk, reason=RELEASE_JOB_ENDED,
-                        )
+                    self.release(alloc, RELEASE_JOB_ENDED,
+                                 f"Slot {alloc.slot} on {alloc.host.name} given back: the job "
+                                 "ended")
             else:
                 jobs.append(job)
         return jobs
@@ -383,17 +375,17 @@ class GroupCycle:
             # No driver was ever started, or it has gone with all its workers.
             for alloc in allocs:
                 self.release(alloc, RELEASE_JOB_ENDED)
-            job.transition(states.KILLED, error=job.error or "Stopped")
+            job_kill_now(job, source="scheduler", message="Killed",
+                         error=job.error or "Stopped", wake=False)
             self.report.killed += 1
-            publish_event(job, "job.state", "Killed", state=states.KILLED)
             self.stop_sent.pop(job.pk, None)
         elif job.stop_requested_at < self.now - self.grace:
             for alloc in allocs:
                 self.release(alloc, RELEASE_FORCED)
-            job.transition(states.KILLED, error=job.error or "Stopped (forced)")
+            job_kill_now(job, source="scheduler", message="Killed (forced after grace)",
+                         error=job.error or "Stopped (forced)", wake=False)
             after_commit(lambda j=job: self.executor.stop(j))
             self.report.killed += 1
-            publish_event(job, "job.state", "Killed (forced after grace)", state=states.KILLED)
         else:
             self.send_stop(job)
 
@@ -428,25 +420,18 @@ class GroupCycle:
         # The last real error (a driver's exit and its log) is what the owner needs to see.
         last = (job.error or "").strip()
         error = f"{spent} Last error: {last[-3800:]}" if last else spent
-        job.transition(states.FAILED, error=error)
+        job_fail(job, source="scheduler", error=error, message="Failed: restart budget spent",
+                 record=False, wake=False)
         for alloc in allocs:
             self.release(alloc, RELEASE_JOB_ENDED)
         self.report.failed += 1
-        publish_event(job, "job.state", "Failed: restart budget spent", state=states.FAILED)
 
     def recover(self, job: TrainingJob, allocs: list[SlotAllocation], restarts: int) -> None:
         TrainingJob.objects.filter(pk=job.pk).update(restarts=F("restarts") + 1)
         job.restarts = restarts
-        if job.state != states.RECOVERING:
-            job.transition(states.RECOVERING)
+        job_recover(job, source="scheduler", restarts=restarts, message=(
+            f"Driver lost; restarting from the latest checkpoint ({restarts}/{job.max_restarts})"))
         self.report.recovered += 1
-        publish_event(
-            job,
-            "job.recovering",
-            f"Driver lost; restarting from the latest checkpoint ({restarts}/{job.max_restarts})",
-            restarts=restarts,
-            state=states.RECOVERING,
-        )
         self.launch_driver(job, allocs)
 
     def launch_driver(self, job: TrainingJob, allocs: list[SlotAllocation]) -> bool:
@@ -563,7 +548,8 @@ class GroupCycle:
             granted[alloc.job_id].append(alloc)
         holding = self.preempt(state, changes, granted)
         live = [change.job for change in changes]
-        self.start_jobs([j for j in live if j.state == states.PENDING and j.pk in holding])
+        jobs_start([j for j in live if j.state == states.PENDING and j.pk in holding],
+                   now=self.now, source="scheduler")
         first = [j for j in live if j.pk in holding and j.attempt == 0 and j.state in DRIVEN]
         if first:
             self.first_drivers(first, granted, state.by_job)
@@ -584,35 +570,8 @@ class GroupCycle:
             ):
                 holding.add(job.pk)
             elif job.state == states.RUNNING and change.target == 0:
-                job.transition(states.PENDING)
-                publish_event(
-                    job, "job.preempted", "Preempted: waiting for slots", state=states.PENDING
-                )
+                job_preempt(job, source="scheduler")
         return holding
-
-    def start_jobs(self, jobs: list[TrainingJob]) -> None:
-        """PENDING -> RUNNING for every job that got its first slot, in two statements however
-        many jobs: the rows are locked and moved only if still PENDING, which is what
-        ``TrainingJob.transition()`` guarantees row by row (a cold start of a thousand jobs
-        would otherwise cost two queries per job)."""
-        if not jobs:
-            return
-        states.check_transition(None, states.PENDING, states.RUNNING)
-        # NO KEY: the rows' keys stay, so events and slots of these jobs may still be inserted.
-        ids = list(
-            TrainingJob.objects.select_for_update(no_key=True)
-            .filter(pk__in=[j.pk for j in jobs], state=states.PENDING)
-            .values_list("pk", flat=True)
-        )
-        TrainingJob.objects.filter(pk__in=ids).update(
-            state=states.RUNNING, started=Coalesce("started", Value(self.now))
-        )
-        moved = set(ids)
-        for job in jobs:
-            if job.pk in moved:
-                job.state = states.RUNNING
-                job.started = job.started or self.now
-                publish_event(job, "job.state", "Running", state=states.RUNNING)
 
     def first_drivers(
         self,

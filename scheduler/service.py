@@ -50,7 +50,6 @@ from scheduler.cycle import (
     after_commit,
     jobs_with_work,
     plan,
-    publish_event,
     read_group,
     read_occupied,
     release,
@@ -189,16 +188,8 @@ class SchedulerService:
                 for alloc in SlotAllocation.objects.filter(
                     host=host, released_at__isnull=True
                 ).select_related("job", "host"):
-                    release(alloc, now, RELEASE_HOST_LOST, self.executor)
-                    publish_event(
-                        alloc.job,
-                        "slot.released",
-                        f"Slot {alloc.slot} on {host.name} lost with its host",
-                        host=host.name,
-                        slot=alloc.slot,
-                        reason=RELEASE_HOST_LOST,
-                        allocation=alloc.pk,
-                    )
+                    release(alloc, now, RELEASE_HOST_LOST, self.executor,
+                            f"Slot {alloc.slot} on {host.name} lost with its host")
 
     # -- one instance group --------------------------------------------------------------------
 

@@ -105,3 +105,31 @@ def test_no_function_is_longer_than_a_screen(folder):
                 if lines > MAX_LINES:
                     long.append(f"{rel}:{node.lineno} {node.name} is {lines} lines")
     assert not long, f"functions over {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+# The one module that changes a job's state or a slot's holding and says so (issue: a change and
+# its event written separately at each call site drift apart).
+LIFECYCLE = "jobs/lifecycle.py"
+
+
+def _state_changes_outside_lifecycle() -> list[str]:
+    found = []
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == LIFECYCLE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "transition":
+                found.append(f"{rel}:{node.lineno} calls transition()")
+            said = any(isinstance(a, ast.Constant) and a.value == "slot.released"
+                       for a in node.args)
+            if said and not (isinstance(node.func, ast.Name) and node.func.id == "wake_scheduler"):
+                found.append(f"{rel}:{node.lineno} builds a slot.released event")
+    return found
+
+
+def test_job_and_slot_changes_happen_in_the_lifecycle_module_only():
+    found = _state_changes_outside_lifecycle()
+    assert not found, f"change jobs and slots through {LIFECYCLE}:\n" + "\n".join(found)

@@ -244,13 +244,19 @@ def test_it_runs_user_code_as_the_configured_unprivileged_user(job, model_def, s
         (shared / "model" / "main.py").chmod(0o644)
         model_def.location = str(shared / "model")
         model_def.save()
+        # A model root of its own, whose folder the admin shares with every user (the agent
+        # checks the model rule at every launch).
+        settings.EDT_MODEL_ROOTS = [*settings.EDT_MODEL_ROOTS, shared]
+        settings.EDT_SHARED_MODEL_DIRS = [str(shared / "model")]
         job.result_dir = str(shared / "results" / f"job-{job.pk}")
         job.save()
         # One account for every job: isolation between users (on by default) turned off.
         settings.EDT_RUN_AS_UID_BASE = 0
         settings.EDT_RUN_AS_USER = "nobody"
         (shared / "results").mkdir(mode=0o755)
-        assert driver_supervisor.run_driver(running(job).pk, 1, "host1") == states.FINISHED
+        outcome = driver_supervisor.run_driver(running(job).pk, 1, "host1")
+        job.refresh_from_db()
+        assert outcome == states.FINISHED, job.error
         assert Path(job.result_dir, "uid").read_text() == str(nobody.pw_uid)
         assert Path(job.result_dir).stat().st_uid == nobody.pw_uid
     finally:

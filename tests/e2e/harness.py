@@ -81,6 +81,10 @@ class Cluster:
                 "EDT_VAR_DIR": str(tmp / "var"),
                 "EDT_RESULT_ROOT": str(self.results),
                 "EDT_MODEL_ROOTS": str((tmp / "models").resolve()),
+                # The folders the test shares (conftest's models/resnet): the agent checks the
+                # model rule again at every launch, with its own settings.
+                "EDT_SHARED_MODEL_DIRS": ",".join(
+                    str(d) for d in getattr(settings_fixture, "EDT_SHARED_MODEL_DIRS", [])),
                 "EDT_REDIS_PREFIX": self.prefix,
                 "EDT_EVENTS_STREAM": self.stream,
                 "EDT_HEARTBEAT_S": "1",
