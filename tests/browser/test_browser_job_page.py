@@ -1,13 +1,13 @@
-"""The job page of a long job, in a real browser against the web server and Redis: it stays responsive
-while live events keep arriving (each chart redraws at most every 250 ms and the log at most
-every 100 ms, however many events came; no task near a hang, by the Long Tasks API), its events
-are ordered and numbered like Progress, its log filters by rank and searches and follows its
-newest line, a reload mid-job keeps the history, and no element is wider than the viewport.
+"""The job page of a long job, in a real browser against the web server and Redis: it stays
+responsive while live events keep arriving (each chart redraws at most every 250 ms and the log
+at most every 100 ms, however many events came; no task near a hang, by the Long Tasks API), its
+events are ordered and numbered like Progress, its log filters by rank and searches and follows
+its newest line, a reload mid-job keeps the history, and no element is wider than the viewport.
 
 The job has its own one-host instance group, so the scheduler stand-in grants it slots without
-touching the other tests' group; its 10,000 steps of metrics are written to the database at
-once (as ingest would have, over hours), its events and log lines go through the events stream
-as a training process sends them."""
+touching the other tests' group; its 10,000 steps of metrics are written to the database at once
+(as ingest would have, over hours), its events and log lines go through the events stream as a
+training process sends them."""
 
 from __future__ import annotations
 
