@@ -229,10 +229,10 @@ def process_start(request):
     if request.param == "cold":
         yield None
         return
-    from agent import processes, warm
+    from agent import accounts, warm
 
     pool = warm.WarmPool()
-    pool.start(processes.user_python())
+    pool.start(accounts.user_python())
     assert pool.ready(120), "the warm process did not get ready within 120 s"
     original, warm.pool = warm.pool, pool
     try:

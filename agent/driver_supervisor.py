@@ -21,17 +21,10 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
+from agent.children import Child, fatal_error, last_traceback, registry
+from agent.environment import build_env, job_dirs
 from agent.keys import driver_secret
-from agent.processes import (
-    Child,
-    LaunchError,
-    build_env,
-    fatal_error,
-    job_dirs,
-    last_traceback,
-    registry,
-    spawn,
-)
+from agent.processes import LaunchError, spawn
 from agent.quota import ResultsQuota
 from agent.supervisor import HEARTBEAT_S, POLL_S, TERM_GRACE_S, agent_stopping, driver_addr
 from config.control_plane import wake_scheduler

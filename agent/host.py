@@ -23,7 +23,8 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from agent import cgroups, warm
-from agent.processes import check_job_accounts, end_all, user_python
+from agent.accounts import job_accounts, user_python
+from agent.children import end_all
 from agent.supervisor import stop_supervising
 from config.celery import app
 from config.control_plane import wake_scheduler
@@ -65,7 +66,8 @@ class HostAgent:
         self.concurrency = concurrency
         self.loglevel = loglevel
         self.stopping = threading.Event()
-        # Which account runs this host's jobs (``check_job_accounts``), shown on the hosts page.
+        # Which account runs this host's jobs (``agent.accounts.JobAccounts.check``), shown on
+        # the hosts page.
         self.accounts: dict[str, object] = {}
         # Whether each job's process gets a cgroup with limits here (``check_limits``).
         self.limits: dict[str, object] = {}
@@ -93,7 +95,7 @@ class HostAgent:
         """Say, before taking work, which account runs this host's jobs: loudly when they all
         share one, or when their owners' accounts cannot run the interpreter (then no job
         starts here: each fails at once with the reason)."""
-        report = check_job_accounts()
+        report = job_accounts.check()
         self.accounts = report.as_info()
         if not report.ok:
             log.error("agent %s: %s", self.name, report.detail)

@@ -6,7 +6,7 @@ job, FAILED with the reason, once they take the quota or more. Folders are measu
 blocks they hold (``jobs.jobfiles.allocated_bytes``: a sparse file is not over-counted), walked
 by descriptor (a job cannot point the walk elsewhere with a link). A finished job's folder does
 not change: it is measured once per supervisor. The kernel backs this up for one file:
-``RLIMIT_FSIZE`` is the quota (``agent.processes.rlimits``), so a single write cannot run past it
+``RLIMIT_FSIZE`` is the quota (``agent.children.rlimits``), so a single write cannot run past it
 between two checks.
 """
 
@@ -18,7 +18,7 @@ import time
 from django.conf import settings
 from django.db import DatabaseError
 
-from agent.processes import format_bytes
+from agent.children import format_bytes
 from jobs import states
 from jobs.jobfiles import allocated_bytes, result_folder
 from jobs.models import TrainingJob

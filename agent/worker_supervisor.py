@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from agent.children import Child, registry
+from agent.environment import build_env
 from agent.keys import driver_secret
-from agent.processes import Child, LaunchError, build_env, registry, spawn
+from agent.processes import LaunchError, spawn
 from agent.supervisor import (
     POLL_S,
     TERM_GRACE_S,

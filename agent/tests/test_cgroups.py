@@ -203,7 +203,7 @@ def test_the_results_quota_counts_allocated_blocks_not_sizes(owner, cluster, set
 
 
 def test_sizes_are_said_in_words():
-    from agent.processes import format_bytes
+    from agent.children import format_bytes
 
     assert format_bytes(8 << 30) == "8 GiB"
     assert format_bytes(int(1.2 * (1 << 30))) == "1.2 GiB"
@@ -246,7 +246,7 @@ def test_a_worker_that_ran_into_a_limit_fails_naming_it(monkeypatch, hit, said):
     from types import SimpleNamespace
 
     from agent import worker_supervisor
-    from agent.processes import Child
+    from agent.children import Child
 
     events = []
     monkeypatch.setattr(worker_supervisor, "_release", lambda *args: True)

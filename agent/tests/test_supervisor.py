@@ -16,7 +16,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agent import driver_supervisor, supervisor, worker_supervisor
-from agent.processes import registry
+from agent.children import registry
 from jobs import states
 from jobs.models import SlotAllocation, TrainingJob
 from scheduler import executor
@@ -267,21 +267,21 @@ def test_it_runs_user_code_as_the_configured_unprivileged_user(job, model_def, s
 def test_each_owner_gets_an_account_of_their_own_only_under_a_root_agent(
     job, settings, monkeypatch
 ):
-    from agent import processes
+    from agent import accounts
 
     settings.EDT_RUN_AS_UID_BASE = 200_000
     settings.EDT_RUN_AS_USER = ""
-    monkeypatch.setattr(processes.os, "geteuid", lambda: 0)
-    user = processes.run_as(job)
+    monkeypatch.setattr(accounts.os, "geteuid", lambda: 0)
+    user = accounts.run_as(job)
     assert user is not None and user.isolated
     assert user.uid == user.gid == 200_000 + job.owner_id
     # Not root (./edt up, a non-root agent): the agent's own account, whatever is configured.
-    monkeypatch.setattr(processes.os, "geteuid", lambda: 1000)
-    assert processes.run_as(job) is None
+    monkeypatch.setattr(accounts.os, "geteuid", lambda: 1000)
+    assert accounts.run_as(job) is None
     # Root without the setting: no account switch unless EDT_RUN_AS_USER names one.
-    monkeypatch.setattr(processes.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(accounts.os, "geteuid", lambda: 0)
     settings.EDT_RUN_AS_UID_BASE = 0
-    assert processes.run_as(job) is None
+    assert accounts.run_as(job) is None
 
 
 @pytest.mark.django_db
@@ -293,13 +293,13 @@ def test_a_job_under_its_owners_account_can_ask_who_it_runs_as(job, settings, mo
     import subprocess
     import sys
 
-    from agent import processes
+    from agent import accounts, environment
 
     settings.EDT_RUN_AS_UID_BASE = 200_000
     settings.EDT_RUN_AS_USER = ""
     real_euid = os.geteuid()
-    monkeypatch.setattr(processes.os, "geteuid", lambda: 0)
-    env = processes.as_account(processes.build_env(job, "worker"), processes.run_as(job))
+    monkeypatch.setattr(accounts.os, "geteuid", lambda: 0)
+    env = accounts.as_account(environment.build_env(job, "worker"), accounts.run_as(job))
     assert env["USER"] == env["LOGNAME"] == f"edt-user-{job.owner_id}"
     if real_euid != 0:
         return  # only root can start a process as another uid; CI runs as root

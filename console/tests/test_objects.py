@@ -541,7 +541,8 @@ def test_the_results_zip_never_follows_links_a_running_job_swaps_in(browser, own
     owner downloads the zip. No zip may carry the secret's marker."""
     import uuid
 
-    from agent.processes import RunAs, prepare_job_dir
+    from agent.accounts import RunAs
+    from agent.job_folder import prepare_job_dir
     from tests.security import test_result_links as race
 
     user = RunAs(race.JOB_UID, race.JOB_UID, "edt-user-test", isolated=True) \

@@ -303,7 +303,7 @@ def test_a_runs_override_reaches_the_training_process(signed_in, model_def, clus
     ``pth_parameter_mgr`` calls answer."""
     import torch
 
-    from agent.processes import build_env
+    from agent.environment import build_env
     from runtime import wmla
 
     signed_in.post(reverse("train"), _train_post(

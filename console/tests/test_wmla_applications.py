@@ -289,7 +289,7 @@ def test_conductor_404s_for_unknown_groups_executors_and_other_groups(
 def test_a_submission_without_a_data_path_runs_without_a_dataset(
     api, owner, cluster, roots, meta
 ):
-    from agent.processes import data_dirs
+    from agent.environment import data_dirs
 
     args = f"--exec-start edtPyTorch {meta} --model-dir resnet-wmla --model-main elastic-main.py"
     response = api(owner).post(

@@ -64,9 +64,9 @@ def folders(tmp_path: Path) -> dict[str, Path]:
 
 
 def _job_env(folder: Path, result: Path) -> dict[str, str]:
-    """What the host agent gives a job's process (``agent.processes.build_env``): the product
+    """What the host agent gives a job's process (``agent.environment.build_env``): the product
     and ``wmla_compat`` (the product's ``emetrics``) on PYTHONPATH, then the model folder."""
-    from agent.processes import build_env
+    from agent.environment import build_env
 
     job = SimpleNamespace(pk=14, result_dir=str(result), dataset=None, env_vars={},
                           max_workers=1, hyper_parameters={},

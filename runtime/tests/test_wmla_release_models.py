@@ -154,9 +154,9 @@ def test_generic_names_come_only_with_wmlas_own_names(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_folders_run_in_the_agents_job_environment(folder: str, main: str, own_elog: bool,
                                                    tmp_path: Path, settings: object) -> None:
-    """The agent's real environment (``agent.processes.build_env``): ``wmla_compat`` is on
+    """The agent's real environment (``agent.environment.build_env``): ``wmla_compat`` is on
     PYTHONPATH, and the folder's own copies still come first."""
-    from agent.processes import build_env
+    from agent.environment import build_env
 
     settings.EDT_FABRIC_HOME = str(tmp_path / "fabric")  # type: ignore[attr-defined]
     job = SimpleNamespace(pk=14, result_dir=str(tmp_path / "result"), dataset=None,

@@ -28,9 +28,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from agent import driver_supervisor, processes, supervisor, worker_supervisor
+from agent import driver_supervisor, supervisor, worker_supervisor
+from agent.accounts import job_accounts
+from agent.children import registry
 from agent.keys import driver_secret
-from agent.processes import registry
 from jobs import states
 from jobs.models import SlotAllocation, TrainingJob
 from runtime import control, wire
@@ -276,10 +277,10 @@ def _own_accounts(settings) -> bool:
     settings.EDT_USER_PYTHON = sys.executable
     if not settings.EDT_RUN_AS_UID_BASE:
         return False
-    if processes.check_job_accounts().ok:
+    if job_accounts.check().ok:
         return True
     settings.EDT_RUN_AS_UID_BASE = 0
-    processes._accounts_unusable = None
+    job_accounts.refusal = None
     return False
 
 
@@ -314,7 +315,7 @@ def victim(owner, cluster, settings, own_events_stream):
         yield v
     finally:
         v.end()
-        processes._accounts_unusable = None
+        job_accounts.refusal = None
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from agent.processes import RunAs, prepare_job_dir
+from agent.accounts import RunAs
+from agent.job_folder import prepare_job_dir
 
 JOB_UID = 200_123
 DOWNLOADS = 2000

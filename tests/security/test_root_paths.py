@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import processes
-from agent.processes import RunAs, prepare_job_dir
+from agent import job_folder
+from agent.accounts import RunAs
+from agent.job_folder import prepare_job_dir
 from jobs import jobfiles, services
 from runtime import checkpoint
 from tests.security.test_result_links import _job_account
@@ -93,7 +94,7 @@ def test_a_folder_swapped_for_a_link_between_two_copies_takes_nothing_outside(
     result = Path(job.result_dir)
     code = source.name
     folder = result / swapped.format(code=code)
-    real_skip = processes._not_code
+    real_skip = job_folder._not_code
     moved: list[Path] = []
 
     def swap_then_skip(path: str, names: list[str]):
@@ -103,7 +104,7 @@ def test_a_folder_swapped_for_a_link_between_two_copies_takes_nothing_outside(
             moved.append(_swap(folder, site_packages))
         return real_skip(path, names)
 
-    monkeypatch.setattr(processes, "_not_code", swap_then_skip)
+    monkeypatch.setattr(job_folder, "_not_code", swap_then_skip)
     expected = _copied(source)
     prepare_job_dir(job, _user())
     assert moved, "the copy never reached the moment of the swap"

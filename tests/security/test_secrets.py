@@ -32,7 +32,8 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from agent import driver_supervisor, processes
+from agent import accounts, driver_supervisor, job_folder
+from agent.accounts import job_accounts
 from config import service_files
 from config import settings as product_settings
 from jobs import states
@@ -109,7 +110,7 @@ def root_agent():
     if configured:
         pytest.skip(f"checks the defaults, and {configured} are set here")
     yield
-    processes._accounts_unusable = None
+    job_accounts.refusal = None
 
 
 @pytest.fixture
@@ -249,7 +250,7 @@ def test_the_code_kept_beside_the_results_copies_no_file_through_a_link(
     # A model folder registered by path, with a link its owner planted to a file they cannot
     # read: the agent (root) copies the model's code into a folder the job owns.
     Path(job.model.location, "notes.txt").symlink_to(secret)
-    root = processes.prepare_job_dir(job, processes.run_as(job))
+    root = job_folder.prepare_job_dir(job, accounts.run_as(job))
     kept = root / "_submitted_code" / Path(job.model.location).name
     assert (kept / "main.py").is_file()
     assert (kept / "notes.txt").is_symlink()
@@ -262,10 +263,10 @@ def test_the_code_kept_beside_the_results_copies_no_file_through_a_link(
 
 @pytest.mark.django_db
 def test_a_root_agent_proves_its_jobs_accounts_can_run_the_interpreter(root_agent, settings):
-    report = processes.check_job_accounts()
+    report = job_accounts.check()
     assert report.ok and report.mode == "per-user", report.detail
     assert str(DEFAULT_BASE) in report.account
-    assert processes._accounts_unusable is None
+    assert job_accounts.refusal is None
 
 
 @pytest.mark.django_db
@@ -285,7 +286,7 @@ def test_the_agent_opens_the_way_to_an_interpreter_behind_a_private_folder(
             subprocess.run([str(python), "-c", "pass"], user=DEFAULT_BASE, group=DEFAULT_BASE,
                            extra_groups=[], check=True, capture_output=True)
         with caplog.at_level(logging.WARNING, logger="edt.execution"):
-            report = processes.check_job_accounts()
+            report = job_accounts.check()
         assert report.ok, report.detail
         # Search permission only: the folder still cannot be listed by others.
         assert private.stat().st_mode & 0o777 == 0o701
@@ -303,7 +304,7 @@ def test_a_host_whose_jobs_accounts_cannot_run_the_interpreter_refuses_jobs_loud
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o700)  # the file itself: nothing the agent may open up
     settings.EDT_USER_PYTHON = str(wrapper)
-    report = processes.check_job_accounts()
+    report = job_accounts.check()
     assert not report.ok and "cannot run jobs under their owners' accounts" in report.detail
     assert "EDT_USER_PYTHON" in report.detail
     # Jobs sent here fail at once with that reason, rather than run as root.
@@ -322,7 +323,7 @@ def test_a_non_root_agent_says_all_jobs_share_its_account(
     from agent.host import HostAgent
     from resources.models import Host
 
-    monkeypatch.setattr(processes.os, "geteuid", lambda: 4321)
+    monkeypatch.setattr(accounts.os, "geteuid", lambda: 4321)
     agent = HostAgent("plain-host", cpu_slots=1, address="127.0.0.1")
     with caplog.at_level(logging.WARNING, logger="edt.agent"):
         agent.check_accounts()
