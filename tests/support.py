@@ -3,13 +3,17 @@ stream's consumer group is behind."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -18,6 +22,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_async(coro: Coroutine[Any, Any, Any], timeout_s: float = 30) -> Any:
+    """Run ``coro`` to its end on a loop of its own, in a thread of its own: the test's own
+    thread may already run a loop (Playwright's sync API leaves one running in the xdist
+    worker that ran a browser test), where ``asyncio.run`` refuses to start."""
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coro, timeout_s)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, bounded()).result()
 
 
 REDIS_DATABASES = 16  # redis-server's default number of databases

@@ -5,7 +5,6 @@ The memory bound itself is measured through the real web server in
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import time
@@ -22,6 +21,7 @@ from console import streaming
 from console.job_files import zip_stream
 from jobs import states
 from jobs.models import TrainingJob
+from tests.support import run_async
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quiet_channels")]
 
@@ -89,7 +89,7 @@ def test_under_asgi_a_download_is_an_asynchronous_stream_of_bounded_chunks(owner
         await sync_to_async(connections.close_all)()
         return answer, chunks
 
-    answer, chunks = asyncio.run(download())
+    answer, chunks = run_async(download())
     assert answer.status_code == 200 and answer.is_async
     assert [len(c) for c in chunks] == [streaming.CHUNK] * 3 + [5]
     assert b"".join(chunks) == (Path(job.result_dir) / "model/weights.bin").read_bytes()
@@ -107,7 +107,7 @@ def test_a_stream_left_early_closes_its_file(tmp_path):
         await chunks.aclose()  # what the server does when the client goes away
         return first
 
-    assert len(asyncio.run(take_one())) == streaming.CHUNK
+    assert len(run_async(take_one())) == streaming.CHUNK
     assert handle.closed
 
 

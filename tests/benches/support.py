@@ -40,9 +40,15 @@ def environ_has(pid: int, item: str) -> bool:
         return False
 
 
+def _entry(script: str) -> list[str]:
+    """A bench by name runs as ``-m bench.<name>``; a test's own script file runs as itself."""
+    return [script] if Path(script).is_file() else ["-m", f"bench.{Path(script).stem}"]
+
+
 class BenchRun:
-    """``python -m bench.<script> args`` with a tag of its own; ``seen`` maps every process of
-    the run ever observed to its start time (a pid can be reused once it has ended)."""
+    """``python -m bench.<script> args`` (or a test's own script file) with a tag of its own;
+    ``seen`` maps every process of the run ever observed to its start time (a pid can be
+    reused once it has ended)."""
 
     def __init__(self, tmp: Path, script: str, *args: str, env: dict[str, str] | None = None
                  ) -> None:
@@ -52,8 +58,7 @@ class BenchRun:
                     "PYTHONUNBUFFERED": "1", **(env or {})}
         full_env.pop("BENCH_RUN", None)
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", f"bench.{Path(script).stem}",
-                                          *args],
+            self.proc = subprocess.Popen([sys.executable, *_entry(script), *args],
                                          cwd=REPO, env=full_env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         self.seen: dict[int, str] = {}

@@ -78,16 +78,18 @@ def setup(out: str) -> None:
     from resources.models import InstanceGroup, ResourceGroup
 
     var = Path(os.environ["EDT_VAR_DIR"])
-    for sub in ("data/points/train", "data/points/test", "models/points"):
-        (var / sub).mkdir(parents=True, exist_ok=True)
-    (var / "models" / "points" / "main.py").write_text("print('never run here')\n")
+    # In the user's own areas of the default data and model roots, as an upload would be.
+    data, code = var / "data" / "web" / "points", var / "models" / "web" / "points"
+    for folder in (data / "train", data / "test", code):
+        folder.mkdir(parents=True, exist_ok=True)
+    (code / "main.py").write_text("print('never run here')\n")
     with transaction.atomic():
         user = get_user_model().objects.create_user("web", password="web-pass-9134")
         dataset = Dataset.objects.create(
-            owner=user, name="points", train_path=str(var / "data/points/train"),
-            test_path=str(var / "data/points/test"))
+            owner=user, name="points", train_path=str(data / "train"),
+            test_path=str(data / "test"))
         model = ModelDefinition.objects.create(
-            owner=user, name="points", location=str(var / "models/points"), dataset=dataset)
+            owner=user, name="points", location=str(code), dataset=dataset)
         rg = ResourceGroup.objects.create(name="all")
         ig = InstanceGroup.objects.create(name="all", resource_group=rg)
     Path(out).write_text(json.dumps({"model": model.pk, "instance_group": ig.pk}))
@@ -143,7 +145,7 @@ def _supervise(report: Report, host: str, alloc, beats: dict, started: set) -> N
                 iteration=beats[job.pk], loss=1.0 / beats[job.pk], workers=1)
     if beats[job.pk] >= BEATS_TO_FINISH:
         report.call(driver_supervisor._driver_exited, job.pk, attempt, host, 0, None)
-        report.call(worker_supervisor._release, alloc.pk, "finished")
+        report.call(worker_supervisor._release, alloc, "finished")
         report.data["finished"] = report.data.get("finished", 0) + 1
 
 

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 from config.body_limit import BodyLimit, Limit, limit_for
+from tests.support import run_async
 
 PIECE = 256 * 1024
 
@@ -51,7 +52,7 @@ class Client:
 
 
 def _run(app, scope: dict, client: Client) -> None:
-    asyncio.run(asyncio.wait_for(app(scope, client.receive, client.send), timeout=30))
+    run_async(app(scope, client.receive, client.send))
 
 
 async def _echo(scope, receive, send) -> None:
@@ -127,5 +128,5 @@ def test_websockets_pass_untouched():
     async def send(message: dict) -> None:
         return None
 
-    asyncio.run(BodyLimit(app)({"type": "websocket", "path": "/ws/jobs/1/"}, receive, send))
+    run_async(BodyLimit(app)({"type": "websocket", "path": "/ws/jobs/1/"}, receive, send))
     assert seen == [("websocket", receive, send)]
