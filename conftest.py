@@ -58,6 +58,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.path)).relative_to(root).as_posix()
         if path.startswith(SLOW_DIRS) or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    # The long tests first, the quick ones last: under pytest-xdist the quick tests then fill
+    # the cores at the end of the run, instead of one core finishing a long test alone while
+    # the others wait (longest first is the classic way to balance such a schedule).
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # The test running now when it is not marked slow (None otherwise), and the unmarked tests

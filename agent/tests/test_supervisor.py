@@ -172,6 +172,7 @@ def _count_children(worker_id: str) -> int:
     return n
 
 
+@pytest.mark.slow  # starts a real process
 @pytest.mark.django_db(transaction=True)
 def test_launching_the_same_slot_twice_starts_one_process(job, script, cluster, tmp_path):
     if connection.vendor == "sqlite" and "memory" in connection.settings_dict["NAME"]:
@@ -311,6 +312,7 @@ def test_a_job_under_its_owners_account_can_ask_who_it_runs_as(job, settings, mo
     assert done.stdout.strip() == f"edt-user-{job.owner_id}"
 
 
+@pytest.mark.slow  # starts a real process
 @pytest.mark.django_db(transaction=True)
 def test_a_superseded_driver_never_becomes_the_jobs_driver(job, script, tmp_path):
     if connection.vendor == "sqlite" and "memory" in connection.settings_dict["NAME"]:

@@ -43,9 +43,12 @@ redis = pytest.importorskip("redis")
 SAMPLES = 192  # 12 steps of 16 (batch 4 x engines 4) per epoch
 # SIGSTOP length for the Redis pause test (issue 8: 30 s; shorter for a quick local run).
 PAUSE_S = float(os.environ.get("EDT_TEST_REDIS_PAUSE_S", "30"))
-# The chaos soak: a random worker killed every LOW-HIGH seconds, at most KILLS times.
+# The chaos soak: a random worker killed every LOW-HIGH seconds, at most KILLS times. The
+# suite's run keeps the gaps short (each still outlasts a peer timeout and a rejoin, so every
+# kill lands on a formed generation); EDT_TEST_CHAOS_INTERVAL_S=20,60 and more kills for a
+# real soak.
 CHAOS_INTERVAL_S = tuple(float(v) for v in os.environ.get(
-    "EDT_TEST_CHAOS_INTERVAL_S", "20,60").split(","))
+    "EDT_TEST_CHAOS_INTERVAL_S", "12,24").split(","))
 CHAOS_KILLS = int(os.environ.get("EDT_TEST_CHAOS_KILLS", "2"))
 # Longest a committed step may wait on the events sink while Redis is frozen.
 STALL_BOUND_S = 1.5
@@ -299,10 +302,10 @@ def test_it_completes_every_epoch_under_seeded_worker_kills(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_a_chaos_soak_killing_a_random_worker_every_20_to_60_s_ends_complete(
+def test_a_chaos_soak_killing_a_random_worker_at_random_intervals_ends_complete(
     tmp_path: Path,
 ) -> None:
-    """A random member SIGKILLed at seeded random intervals of 20-60 s, at most
+    """A random member SIGKILLed at seeded random intervals (``CHAOS_INTERVAL_S``), at most
     ``CHAOS_KILLS`` times; after each kill one replacement process starts, as the host agent
     would within the job's restart budget. The job finishes with every sample of every
     epoch seen exactly once, and only the killed workers are reported lost."""

@@ -666,6 +666,7 @@ def _database_url() -> str:
             f"{db.get('PORT') or 5432}/{db['NAME']}")
 
 
+@pytest.mark.slow  # starts the consumer in a process of its own
 @pytest.mark.django_db(transaction=True)
 def test_a_consumer_killed_with_its_web_server_leaves_its_group(owner, job, settings):
 
