@@ -33,6 +33,10 @@ PROCESS_FIXTURES = frozenset({
 def pytest_configure(config: pytest.Config) -> None:
     from django.conf import settings
 
+    # Jobs run on the agent's own interpreter unless a test names an environment: the default
+    # environment (torch 2.14.1 and torchvision, several GB) is built by tests that need it.
+    os.environ.setdefault("EDT_DEFAULT_ENVIRONMENT", "product")
+    settings.EDT_DEFAULT_ENVIRONMENT = os.environ["EDT_DEFAULT_ENVIRONMENT"]
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... in an xdist worker
     if worker:
         url = worker_redis_url(settings.REDIS_URL, int(worker.removeprefix("gw")))

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",
+    "environments",
     "resources",
     "datasets",
     "models",
@@ -274,6 +275,17 @@ EDT_SERVICE_GID = os.environ.get("EDT_SERVICE_GID", "")
 # makes the folders on the way to it traversable (o+x, never o+r). Point this at a shared
 # environment (e.g. /opt/edt-venv/bin/python) when the agent's own may not be opened up.
 EDT_USER_PYTHON = os.environ.get("EDT_USER_PYTHON", "")
+# Job environments (environments/, docs/environments.md). The environment a job runs in when
+# neither its model nor its instance group names one: "default" (torch, torchvision and the
+# data-science set, built by every agent) or "product" (the agent's own interpreter, as
+# before; EDT_USER_PYTHON when set). Where agents build them, per host; how long a build may
+# take and how much a model's layer may hold; and whether models may bring requirements at all.
+EDT_DEFAULT_ENVIRONMENT = os.environ.get("EDT_DEFAULT_ENVIRONMENT", "default")
+EDT_ENVIRONMENTS_DIR = Path(os.environ.get("EDT_ENVIRONMENTS_DIR", VAR_DIR / "environments"))
+EDT_ENVIRONMENT_BUILD_TIMEOUT_S = env_int("EDT_ENVIRONMENT_BUILD_TIMEOUT_S", 3600)
+EDT_LAYER_BUILD_TIMEOUT_S = env_int("EDT_LAYER_BUILD_TIMEOUT_S", 900)
+EDT_LAYER_MAX_BYTES = env_int("EDT_LAYER_MAX_BYTES", 4 * 1024**3)
+EDT_MODEL_REQUIREMENTS = env_bool("EDT_MODEL_REQUIREMENTS", True)
 # A host agent forks its jobs' drivers and workers from a warm process that has imported torch
 # already (agent/warm.py): a process starts in milliseconds instead of seconds. Off: each starts
 # a new interpreter.

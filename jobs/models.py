@@ -59,6 +59,12 @@ class TrainingJob(models.Model):
     target_workers = models.PositiveIntegerField(
         default=0, help_text="Slots the scheduler last decided this job should hold."
     )
+    # The environment its processes run in: chosen at submit (the model's, else its group's,
+    # else the default); at its driver's launch, a layer of its model's requirements on it.
+    environment = models.ForeignKey(
+        "environments.Environment", on_delete=models.PROTECT, related_name="jobs", null=True,
+        blank=True,
+    )
     env_vars = models.JSONField(default=dict, blank=True)
     args = models.TextField(blank=True, help_text="Extra arguments passed to the user's script.")
     hyper_parameters = models.JSONField(default=dict, blank=True)

@@ -40,6 +40,15 @@ class ModelDefinition(models.Model):
         "datasets.Upload", null=True, blank=True, on_delete=models.SET_NULL,
         related_name="model_definition",
     )
+    # Another environment than its instance group's (None: the group's).
+    environment = models.ForeignKey(
+        "environments.Environment", null=True, blank=True, on_delete=models.PROTECT,
+        related_name="model_definitions", limit_choices_to={"base__isnull": True},
+        help_text="The environment its jobs run in (empty: the instance group's).",
+    )
+    # Requirements beside those of its folder's requirements.txt, one a line.
+    requirements = models.TextField(
+        blank=True, help_text="Packages its jobs need beyond the environment's, one a line.")
     created = models.DateTimeField(default=timezone.now)
 
     objects = OwnedQuerySet.as_manager()

@@ -151,6 +151,18 @@ class InstanceGroup(models.Model):
         default=100, validators=[MinValueValidator(1), MaxValueValidator(10000)],
         help_text="CPU weight of each driver and worker (100: one slot's share).",
     )
+    # The environment its jobs run in unless their model picks another (None: the cluster's
+    # default environment, environments.spec.DEFAULT_NAME).
+    default_environment = models.ForeignKey(
+        "environments.Environment", null=True, blank=True, on_delete=models.PROTECT,
+        related_name="instance_groups",
+        limit_choices_to={"base__isnull": True},
+        help_text="The environment its jobs run in (empty: the cluster's default).",
+    )
+    allow_model_requirements = models.BooleanField(
+        default=True,
+        help_text="A model's requirements.txt builds a layer on the environment for its jobs.",
+    )
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

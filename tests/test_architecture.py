@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS: list[tuple[str, ...]] = [
     ("runtime",),
     ("config",),
+    ("environments",),
     ("resources",),
     ("datasets",),
     ("models",),
