@@ -142,7 +142,11 @@ def console(tmp_path_factory, request) -> Console:
                 print(f"--- {name}.log ---\n{text[-4000:]}")
 
 
-@pytest.fixture(scope="session")
+# One Chromium per test module, not per session: the sync Playwright API keeps an event loop
+# running in this thread while it is open, and every async_to_sync and asyncio.run after it in
+# the same pytest-xdist worker (the consumers' and events' tests) would refuse to run. pytest
+# ends a module's fixtures before a test of another module: the loop is gone by then.
+@pytest.fixture(scope="module")
 def chromium(request):
     shared = _shared(request)
     if "chromium" in shared:
