@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 
+from console.manage_forms import clean_requirements_text, environment_field, requirements_field
 from jobs import priority as priority_bounds
 from models.models import ModelDefinition
 from models.validation import BATCH_SIZE_MAX, EPOCHS_MAX, FLOAT_MAX, OPTIMIZERS
@@ -144,6 +145,8 @@ class ModelDefinitionForm(forms.Form):
     momentum = forms.FloatField(min_value=0, max_value=FLOAT_MAX, required=False)
     weight_decay = forms.FloatField(label="Weight decay", min_value=0, max_value=FLOAT_MAX,
                                     required=False)
+    environment = environment_field()
+    requirements = requirements_field()
 
     STEP_ONE = ("framework", "name", "location", "archive", "main_file", "description")
 
@@ -161,6 +164,9 @@ class ModelDefinitionForm(forms.Form):
         if not data.get("archive") and not data.get("location") and "location" not in self.errors:
             self.add_error("location", "Give the model's folder, or upload it as an archive.")
         return data
+
+    def clean_requirements(self) -> str:
+        return clean_requirements_text(self.cleaned_data["requirements"])
 
     def hyper_parameters(self) -> dict:
         keys = ("epochs", "batch_size", "learning_rate", "optimizer", "momentum", "weight_decay")

@@ -11,6 +11,36 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 
+from environments.models import Environment
+from environments.spec import RequirementError, requirement_lines
+
+
+def environment_field() -> forms.ModelChoiceField:
+    """A model's environment: an admin's one (a layer is built from requirements, never
+    picked), or blank for its instance group's default."""
+    return forms.ModelChoiceField(
+        queryset=Environment.objects.filter(base__isnull=True), required=False,
+        empty_label="The instance group's default",
+        help_text="The Python environment its jobs run in (see Environments).",
+    )
+
+
+def requirements_field() -> forms.CharField:
+    return forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="Packages its jobs need beyond the environment's, one a line, e.g. "
+                  "timm==1.0.9 (as in a requirements.txt; its folder's own requirements.txt "
+                  "counts too).",
+    )
+
+
+def clean_requirements_text(text: str) -> str:
+    """The requirement lines, checked as the agent will (a bad line is named)."""
+    try:
+        return "\n".join(requirement_lines(text))
+    except RequirementError as exc:
+        raise ValidationError(f"Requirements: {exc}.") from None
+
 
 class DatasetEditForm(forms.Form):
     name = forms.CharField(max_length=100)
@@ -42,10 +72,15 @@ class ModelEditForm(forms.Form):
         help_text='New jobs start from these, e.g. {"epochs": 5, "batch_size": 64}. Jobs '
                   "submitted before keep theirs.",
     )
+    environment = environment_field()
+    requirements = requirements_field()
 
     def __init__(self, *args, datasets, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["dataset"].queryset = datasets
+
+    def clean_requirements(self) -> str:
+        return clean_requirements_text(self.cleaned_data["requirements"])
 
     def clean_hyper_parameters(self) -> dict:
         text = self.cleaned_data["hyper_parameters"].strip()

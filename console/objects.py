@@ -26,6 +26,7 @@ from console import forms, selectors, views
 from console.manage_forms import DatasetEditForm, ModelEditForm
 from datasets import services as dataset_services
 from datasets.models import Dataset
+from environments.services import import_warnings
 from jobs import jobfiles
 from jobs import services as job_services
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
@@ -250,6 +251,7 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "model": model,
         "jobs": selectors.jobs_for_user(user=request.user).filter(model=model)[:100],
         "files": folder_listing(model.location),
+        "import_warnings": import_warnings(model),
     }
     return render(request, "console/model_detail.html", context)
 
@@ -260,7 +262,8 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
     # The datasets its owner may pick, as when the model was added (an admin's: any).
     datasets = Dataset.objects.visible_to(model.owner)
     initial = {"name": model.name, "description": model.description, "dataset": model.dataset,
-               "hyper_parameters": _json(model.hyper_parameters)}
+               "hyper_parameters": _json(model.hyper_parameters),
+               "environment": model.environment, "requirements": model.requirements}
     form = ModelEditForm(request.POST or None, initial=initial, datasets=datasets)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -269,6 +272,7 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
                 model=model, user=request.user, name=data["name"],
                 description=data["description"], dataset=data["dataset"],
                 hyper_parameters=data["hyper_parameters"],
+                environment=data["environment"], requirements=data["requirements"],
             )
         except ValidationError as exc:
             forms.add_service_errors(form, exc)

@@ -19,6 +19,7 @@ from config.ownership import is_admin
 from console import forms, selectors, streaming
 from console.api.errors import in_use_message
 from datasets import services as dataset_services
+from environments.services import import_warnings
 from events.fanout import cluster_usage
 from events.logs import read_log_after
 from jobs import services as job_services
@@ -210,6 +211,7 @@ def model_new(request: HttpRequest) -> HttpResponse:
             "main_file": data["main_file"], "description": data["description"],
             "framework": data["framework"], "engine": data["engine"],
             "hyper_parameters": form.hyper_parameters(),
+            "environment": data["environment"], "requirements": data["requirements"],
         }
         try:
             if data.get("archive"):
@@ -221,6 +223,9 @@ def model_new(request: HttpRequest) -> HttpResponse:
             status = _refusal_status(exc)
         else:
             messages.success(request, f"Model {model.name} added.")
+            # Saved all the same: the check is advice (the model's page says it again).
+            for warning in import_warnings(model):
+                messages.warning(request, f"Model {model.name}: {warning}")
             return redirect("models")
     step = form.step_with_errors() if form.errors else 0
     if form.errors and status == 200:
@@ -234,10 +239,12 @@ def model_new(request: HttpRequest) -> HttpResponse:
 @login_required
 def train(request: HttpRequest, model_id: int | None = None) -> HttpResponse:
     models = selectors.models_for_user(user=request.user)
+    groups = InstanceGroup.objects.order_by("name")
+    if request.method == "GET" and request.GET.get("check") == "imports":
+        return _import_warnings_fragment(request, models, groups)
     initial = {}
     if model_id is not None:
         initial["model"] = get_object_or_404(models, pk=model_id)
-    groups = InstanceGroup.objects.order_by("name")
     if len(groups) == 1:
         initial["instance_group"] = groups[0]
     form = forms.TrainForm(request.POST or None, initial=initial, models=models)
@@ -260,8 +267,35 @@ def train(request: HttpRequest, model_id: int | None = None) -> HttpResponse:
         refilled.add_error(None, form.non_field_errors())
         form = refilled
     status = 400 if form.errors else 200
-    context = {"form": form, "models": models, "model_hps": _model_hps(models)}
+    context = {"form": form, "models": models, "model_hps": _model_hps(models),
+               "import_warnings": _train_import_warnings(form, models, groups)}
     return render(request, "console/train.html", context, status=status)
+
+
+def _picked(queryset, value: object):
+    """The row of ``queryset`` a posted or queried id names, or None."""
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or len(value) > 18:
+        return None
+    return queryset.filter(pk=int(value)).first()
+
+
+def _train_import_warnings(form: forms.TrainForm, models, groups) -> list[str]:
+    """The check before submit for the model and instance group the Train form shows: the
+    posted ones, else those it starts with (its initial ones, else the first of each)."""
+    data = form.data if form.is_bound else {}
+    model = (_picked(models, data.get("model")) or form.initial.get("model")
+             or models.first())
+    group = (_picked(groups, data.get("instance_group")) or form.initial.get("instance_group")
+             or groups.first())
+    return import_warnings(model, group) if model is not None else []
+
+
+def _import_warnings_fragment(request: HttpRequest, models, groups) -> HttpResponse:
+    """The Train form's notice again, for the model and group just picked (htmx)."""
+    model = _picked(models, request.GET.get("model"))
+    group = _picked(groups, request.GET.get("instance_group"))
+    found = import_warnings(model, group) if model is not None else []
+    return render(request, "console/_import_warnings.html", {"import_warnings": found})
 
 
 def _model_hps(models) -> dict[str, dict]:

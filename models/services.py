@@ -10,6 +10,8 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from config.ownership import is_admin
 from datasets.models import Upload
 from datasets.uploads import unpacked
+from environments.imports import read_requirements_txt
+from environments.spec import RequirementError, requirement_lines
 from models.locations import model_folder
 from models.models import ModelDefinition
 from models.validation import OPTIMIZERS, check_main_file, validate_hyper_parameters
@@ -36,6 +38,39 @@ def _check_fields(*, owner, name: str, dataset, framework: str, engine: str) -> 
     return name
 
 
+def check_environment(environment) -> None:
+    """A model runs in an admin's environment (or the instance group's, None); a layer is
+    built from a model's requirements, never picked."""
+    if environment is not None and environment.base_id is not None:
+        raise ValidationError(
+            {"environment": f"{environment.name} is a model's layer: pick a base environment."})
+
+
+def check_requirements(text: str) -> str:
+    """The model's own requirement lines, one a line, checked (``environments.spec``)."""
+    try:
+        return "\n".join(requirement_lines(text or ""))
+    except RequirementError as exc:
+        raise ValidationError({"requirements": f"Requirements: {exc}."}) from None
+
+
+def _check_requirements_txt(folder: Path) -> None:
+    """The folder's requirements.txt, read as the agent reads it: a line it would refuse at
+    launch (an option, a URL, a path) is refused now, where the owner can fix it."""
+    try:
+        requirement_lines(read_requirements_txt(folder))
+    except RequirementError as exc:
+        raise ValidationError(
+            {"requirements": f"The model folder's requirements.txt: {exc}."}) from None
+    except PermissionError:
+        return  # readable by the owner's job account only: the agent checks it at launch
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValidationError(
+            {"requirements": f"The model folder's requirements.txt cannot be read: {why}."}
+        ) from None
+
+
 def model_create(
     *,
     owner,
@@ -48,18 +83,26 @@ def model_create(
     framework: str = ModelDefinition.Framework.PYTORCH,
     engine: str = ModelDefinition.Engine.EDT,
     upload: Upload | None = None,
+    environment=None,
+    requirements: str = "",
 ) -> ModelDefinition:
     """Register the model folder ``location``: for an ordinary user, inside their own area of
     the model roots or a shared model folder (``models.locations``, the datasets' rule).
     ``upload`` is for ``model_create_from_archive`` alone: anyone else naming a folder of the
-    uploads area is refused, since host agents grant an uploaded folder to its model's owner."""
+    uploads area is refused, since host agents grant an uploaded folder to its model's owner.
+    ``environment``: an admin's environment its jobs run in (None: their instance group's);
+    ``requirements``: packages beyond it, one a line, as its folder's requirements.txt."""
     name = _check_fields(owner=owner, name=name, dataset=dataset, framework=framework,
                          engine=engine)
     hyper_parameters = validate_hyper_parameters(hyper_parameters)
+    check_environment(environment)
+    requirements = check_requirements(requirements)
     try:
         folder = model_folder(location, owner=owner, upload=upload)
     except ValidationError as exc:
         raise ValidationError({"location": exc.messages}) from exc
+    main_file = check_main_file(folder, main_file)
+    _check_requirements_txt(folder)
     return ModelDefinition.objects.create(
         owner=owner,
         name=name,
@@ -67,10 +110,12 @@ def model_create(
         framework=framework,
         engine=engine,
         location=str(folder),
-        main_file=check_main_file(folder, main_file),
+        main_file=main_file,
         dataset=dataset,
         hyper_parameters=hyper_parameters,
         upload=upload,
+        environment=environment,
+        requirements=requirements,
     )
 
 
@@ -83,6 +128,8 @@ def model_create_from_archive(
                   framework=fields.get("framework", ModelDefinition.Framework.PYTORCH),
                   engine=fields.get("engine", ModelDefinition.Engine.EDT))
     validate_hyper_parameters(fields.get("hyper_parameters"))
+    check_environment(fields.get("environment"))
+    check_requirements(fields.get("requirements", ""))
     with unpacked(owner=owner, kind=Upload.Kind.MODEL, archive=archive) as upload:
         dest = Path(upload.folder)
         entries = list(dest.iterdir())
@@ -99,9 +146,13 @@ def model_delete(*, model: ModelDefinition, user) -> None:
     model.delete()
 
 
+# model_update's default for a field the caller does not change.
+_KEEP = object()
+
+
 def model_update(
     *, model: ModelDefinition, user, name: str, description: str = "", dataset=None,
-    hyper_parameters: dict | None = None,
+    hyper_parameters: dict | None = None, environment=_KEEP, requirements=_KEEP,
 ) -> ModelDefinition:
     """Change what is safe to change on a model that jobs may reference: its name, its
     description, the dataset and the default hyper-parameters new jobs start from.
@@ -110,7 +161,9 @@ def model_update(
     dataset and the merged hyper-parameters on the job), so no job, running or ended, sees the
     change. The folder and main file are not offered: a running job's agent reads them again
     at every (re)launch, so changing them would swap the code under a job that is training;
-    register a new model for new code instead."""
+    register a new model for new code instead. The environment and the requirements
+    (``environment``, ``requirements``; unchanged when not given) are for the jobs whose
+    processes start after: each launch builds what its job's environment lacks."""
     if model.owner_id != user.id and not is_admin(user):
         raise PermissionDenied("You can only change your own models.")
     name = (name or "").strip()
@@ -124,7 +177,15 @@ def model_update(
     if dataset is not None and dataset.owner_id != owner.id and not is_admin(owner):
         raise ValidationError({"dataset": "A model can only use its owner's datasets."})
     hyper_parameters = validate_hyper_parameters(hyper_parameters)
+    fields = ["name", "description", "dataset", "hyper_parameters"]
+    if environment is not _KEEP:
+        check_environment(environment)
+        model.environment = environment
+        fields.append("environment")
+    if requirements is not _KEEP:
+        model.requirements = check_requirements(requirements)
+        fields.append("requirements")
     model.name, model.description = name, description or ""
     model.dataset, model.hyper_parameters = dataset, hyper_parameters
-    model.save(update_fields=["name", "description", "dataset", "hyper_parameters"])
+    model.save(update_fields=fields)
     return model

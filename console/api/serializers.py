@@ -7,6 +7,9 @@ from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
 from datasets.models import Dataset
+from environments.models import Environment
+from environments.services import import_warnings
+from environments.spec import RequirementError, requirement_lines
 from jobs import priority as priority_bounds
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from models.models import ModelDefinition
@@ -95,8 +98,19 @@ class DatasetUploadSerializer(serializers.Serializer):
 
 
 class ModelDefinitionSerializer(serializers.ModelSerializer):
+    """A model; ``warnings`` (not in lists, where each would read a main file) says which of
+    its main file's imports the environment its jobs run in lacks: advice, never a refusal."""
+
     owner = serializers.CharField(source="owner.username", read_only=True)
     dataset = serializers.PrimaryKeyRelatedField(queryset=Dataset.objects.all())
+    environment = serializers.SlugRelatedField(
+        slug_field="name", queryset=Environment.objects.filter(base__isnull=True),
+        allow_null=True, required=False,
+        help_text="The environment its jobs run in (null: the instance group's).")
+    warnings = serializers.SerializerMethodField(
+        help_text="Imports of its main file that its environment does not provide (the "
+                  "cluster's default environment when neither the model nor a job's instance "
+                  "group names one).")
 
     class Meta:
         model = ModelDefinition
@@ -110,6 +124,9 @@ class ModelDefinitionSerializer(serializers.ModelSerializer):
             "engine",
             "dataset",
             "hyper_parameters",
+            "environment",
+            "requirements",
+            "warnings",
             "owner",
             "created",
         ]
@@ -120,6 +137,17 @@ class ModelDefinitionSerializer(serializers.ModelSerializer):
         request = self.context.get("request")
         if request is not None:
             self.fields["dataset"].queryset = Dataset.objects.visible_to(request.user)
+        if getattr(self.context.get("view"), "action", None) == "list":
+            self.fields.pop("warnings")
+
+    def get_warnings(self, obj: ModelDefinition) -> list[str]:
+        return import_warnings(obj)
+
+    def validate_requirements(self, value: str) -> str:
+        try:
+            return "\n".join(requirement_lines(value))
+        except RequirementError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
 
 class JobSerializer(serializers.ModelSerializer):

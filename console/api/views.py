@@ -141,11 +141,15 @@ class ModelDefinitionViewSet(viewsets.ModelViewSet):
             description=data.get("description", ""),
             framework=data.get("framework", ModelDefinition.Framework.PYTORCH),
             engine=data.get("engine", ModelDefinition.Engine.EDT),
+            environment=data.get("environment"),
+            requirements=data.get("requirements", ""),
         )
 
     # What may change after registration; the rest was checked once (the code folder's
-    # confinement, its main file) and jobs already ran with it.
-    UPDATABLE = frozenset({"description", "hyper_parameters", "dataset"})
+    # confinement, its main file) and jobs already ran with it. The environment and the
+    # requirements apply to the processes started after (each launch builds what is missing).
+    UPDATABLE = frozenset({"description", "hyper_parameters", "dataset", "environment",
+                           "requirements"})
 
     def perform_update(self, serializer):
         if "hyper_parameters" in serializer.validated_data:

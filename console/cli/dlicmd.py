@@ -452,6 +452,9 @@ def cmd_exec_start(client: Client, flags, argv: list[str]) -> int:
     if not resp.ok:
         return fail_response(resp, "Submit")
     body = resp.json()
+    # The console's check before submit (not WMLA's): said, never fatal; stdout stays the JSON.
+    for warning in body.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
     pprint_json({"execId": body["id"], "appId": body["appId"]})
     return 0
 

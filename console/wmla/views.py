@@ -42,6 +42,7 @@ from console.wmla.representation import (
     job_pk_from,
 )
 from console.wmla.submit import exec_delete, exec_submit
+from environments.services import import_warnings
 from jobs import services as job_services
 from jobs import states
 from jobs.models import TrainingJob
@@ -214,6 +215,9 @@ class ExecListView(WmlaView):
                 "sigName": job.instance_group.name,
                 "jobId": job.pk,
                 "state": job.wmla_state,
+                # Ours: what the check before submit found (WMLA's clients ignore keys they
+                # do not know; dlicmd prints them).
+                "warnings": import_warnings(job.model, job.instance_group),
             },
             status=status.HTTP_200_OK,
         )
