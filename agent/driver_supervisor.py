@@ -171,7 +171,7 @@ def _run_driver(job_id: int, attempt: int, host_name: str, key: str) -> str:
         **_driver_network_env(host_name),
     })
     try:
-        child = spawn(job, key, "driver", env)
+        child = spawn(job, key, "driver", env, host_name)
     except LaunchError as exc:
         return _fail_now(job_id, attempt, host_name, f"The job cannot start: {exc}")
     registry.set_child(key, child)

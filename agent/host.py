@@ -22,7 +22,7 @@ from celery.signals import worker_shutting_down
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
-from agent import cgroups, warm
+from agent import cgroups, job_environment, warm
 from agent.accounts import job_accounts, user_python
 from agent.children import end_all
 from agent.supervisor import stop_supervising
@@ -124,6 +124,23 @@ class HostAgent:
         elif self.accounts.get("ok", True):
             warm.pool.start(user_python())
 
+    def prepare_environments(self) -> None:
+        """Build, in the background, the environments this host's jobs will run in (the first
+        time: minutes; ``var/environments/<host>/build.log`` and the Environments page say how
+        far it is). A job launched meanwhile waits for the build it needs."""
+        def build() -> None:
+            folder = job_environment.host_folder(self.name)
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(folder / "build.log", "ab") as out:
+                    job_environment.prepare_all(self.name, out)
+            except Exception:
+                log.exception("agent %s: preparing environments failed", self.name)
+            finally:
+                close_old_connections()
+
+        threading.Thread(target=build, name="edt-environments", daemon=True).start()
+
     def heartbeat_forever(self) -> None:
         while not self.stopping.wait(self.heartbeat_s):
             try:
@@ -143,6 +160,7 @@ class HostAgent:
         self.check_limits()  # before the warm process starts: v2 may move the agent's group
         self.start_warm_process()
         slots = self.register()
+        self.prepare_environments()
         # Address the driver advertises to workers on other hosts.
         os.environ.setdefault("EDT_AGENT_ADDRESS", self.address)
         concurrency = self.concurrency or 2 * slots + 6

@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from agent import cgroups, warm
-from agent.accounts import as_account, job_accounts, run_as, service_gid, user_python
+from agent.accounts import RunAs, as_account, job_accounts, run_as, service_gid, user_python
 from agent.children import Child, job_limits, start_cold, start_warm
 from agent.environment import events_redis_url
+from agent.job_environment import EnvironmentUnavailable, environment_of, job_python
 from agent.job_folder import grant_uploads, prepare_job_dir
 from agent.relay import Relay, events_pipe
 from config.event_stream import stream_name
@@ -117,7 +118,25 @@ def _launch_failures(out, python: str) -> Iterator[None]:
         raise
 
 
-def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str]) -> Child:
+def _python(job: TrainingJob, host: str, user: RunAs | None, root: Path) -> str:
+    """The job's interpreter on this host: its environment's, built first when this host has
+    none yet (the build's output in the job's ``log/environment/stdout``)."""
+    environment = environment_of(job)
+    if environment.is_product:
+        return user_python()
+    fd = open_beneath(root, (LOG_FOLDER, "environment", "stdout"),
+                      os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640, make_dirs=True)
+    with os.fdopen(fd, "ab") as out:
+        if user is not None:
+            os.fchown(out.fileno(), user.uid, service_gid() if user.isolated else user.gid)
+        try:
+            return job_python(job, environment, host, user, out)
+        except EnvironmentUnavailable as exc:
+            out.write(f"--- {exc}\n".encode())
+            raise LaunchError(str(exc)) from None
+
+
+def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str], host: str) -> Child:
     """Start the job's main file with ``env`` in the job directory; output to
     ``$RESULT_DIR/log/<name>/stdout`` (WMLA's layout, stderr merged)."""
     user = run_as(job)
@@ -135,7 +154,7 @@ def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str]) -> Child:
     if user is not None and user.isolated:
         grant_uploads(job, user)
     log_path = root / LOG_FOLDER / name / "stdout"
-    python = user_python()
+    python = _python(job, host, user, root)
     # Opened by the agent without following links: the job owns these folders.
     fd = open_beneath(root, (LOG_FOLDER, name, "stdout"), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                       0o640, make_dirs=True)

@@ -107,6 +107,11 @@ class WarmPool:
         threading.Thread(target=self._read, name="edt-warm", daemon=True).start()
 
     @property
+    def python(self) -> str:
+        """The interpreter it runs: only a process of that interpreter can be forked from it."""
+        return self._python
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 

@@ -112,7 +112,8 @@ def _run_worker(allocation_id: int, key: str) -> str:
             return found
         attempt, addr = found
         try:
-            child = spawn(alloc.job, key, alloc.worker_id, _worker_env(alloc, attempt, addr))
+            child = spawn(alloc.job, key, alloc.worker_id, _worker_env(alloc, attempt, addr),
+                          alloc.host.name)
         except LaunchError as exc:
             return _launch_failed(alloc, exc)
         registry.set_child(key, child)

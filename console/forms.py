@@ -80,8 +80,11 @@ class ResourceGroupForm(forms.ModelForm):
 class InstanceGroupForm(forms.ModelForm):
     class Meta:
         model = InstanceGroup
-        fields = ["name", "resource_group", "policy", "preemption", "reclaim_grace_s"]
+        fields = ["name", "resource_group", "policy", "preemption", "reclaim_grace_s",
+                  "default_environment", "allow_model_requirements"]
         labels = {
+            "default_environment": "Default environment",
+            "allow_model_requirements": "Build models' own requirements (requirements.txt)",
             "resource_group": "Resource group for executors (GPU slots)",
             "policy": "Scheduling policy",
             "preemption": "Enable preemption",

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
-from console import compare, job_files, objects, users, views
+from console import compare, environments, job_files, objects, users, views
 
 register_converter(job_files.ResultPath, "result_path")
 
@@ -13,6 +13,11 @@ urlpatterns = [
     path("resource-groups/<int:pk>/edit/", views.resource_group_edit, name="resource-group-edit"),
     path("resource-groups/<int:pk>/delete/", objects.resource_group_delete,
          name="resource-group-delete"),
+    path("environments/", environments.environments, name="environments"),
+    path("environments/new/", environments.environment_edit, name="environment-new"),
+    path("environments/<int:pk>/edit/", environments.environment_edit, name="environment-edit"),
+    path("environments/<int:pk>/rebuild/", environments.environment_rebuild,
+         name="environment-build-again"),
     path("instance-groups/", views.instance_groups, name="instance-groups"),
     path("instance-groups/new/", views.instance_group_edit, name="instance-group-new"),
     path("instance-groups/<int:pk>/", views.instance_group_dashboard, name="instance-group"),

@@ -22,6 +22,7 @@ from django.conf import settings
 
 from environments import imports
 from environments.models import Environment, EnvironmentBuild
+from environments.spec import BUILTIN
 
 # Past this many, the rest of the missing imports are counted, not named.
 MAX_LISTED = 20
@@ -35,7 +36,15 @@ def environment_for(model, instance_group=None) -> Environment:
         return model.environment
     if instance_group is not None and instance_group.default_environment_id:
         return instance_group.default_environment
-    return Environment.objects.get(name=settings.EDT_DEFAULT_ENVIRONMENT)
+    return named(settings.EDT_DEFAULT_ENVIRONMENT)
+
+
+def named(name: str) -> Environment:
+    """The environment called ``name``; a built-in one (``default``, ``product``) is made
+    again if it is missing. Raises ``Environment.DoesNotExist`` for any other missing name."""
+    if name in BUILTIN:
+        return Environment.objects.get_or_create(name=name, defaults=BUILTIN[name])[0]
+    return Environment.objects.get(name=name)
 
 
 class ImportableHere(Container[str]):

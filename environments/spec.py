@@ -29,6 +29,15 @@ DEFAULT_PACKAGES = (
     "matplotlib==3.11.2",
 )
 
+# The environments every install has, by name: what each holds. Created by a migration, and
+# again whenever one is asked for and missing (a test database emptied between tests, say).
+BUILTIN = {
+    DEFAULT_NAME: {"description": "PyTorch with torchvision and the common data-science packages.",
+                   "packages": "\n".join(DEFAULT_PACKAGES)},
+    PRODUCT_NAME: {"description": "The host agent's own Python (torch, no torchvision): nothing "
+                                  "to build.", "packages": ""},
+}
+
 # A requirement line names a distribution (PEP 508), optionally with extras, a version and a
 # marker; options (``-e``, ``--index-url``, ``-r``), URLs and paths are refused: a layer is
 # built from the cluster's index only, and a line must not point the installer elsewhere.

@@ -14,6 +14,8 @@ from django.utils import timezone
 
 from config.control_plane import wake_scheduler
 from config.ownership import is_admin
+from environments.models import Environment
+from environments.services import environment_for
 from jobs import jobfiles, jobwrites, states
 from jobs import priority as bounds
 from jobs.lifecycle import job_kill_now, job_queue, record_event
@@ -61,6 +63,16 @@ def validate_job_name(name: object) -> str:
     return name
 
 
+def _environment(model, instance_group) -> Environment:
+    try:
+        return environment_for(model, instance_group)
+    except Environment.DoesNotExist:
+        raise ValidationError({"instance_group": [
+            f"The cluster's default environment {settings.EDT_DEFAULT_ENVIRONMENT!r} does not "
+            "exist: an admin creates it, or names another in EDT_DEFAULT_ENVIRONMENT or as the "
+            "instance group's default environment."]}) from None
+
+
 def job_submit(
     *,
     user,
@@ -102,6 +114,8 @@ def job_submit(
             model=model,
             dataset=dataset or model.dataset,
             instance_group=instance_group,
+            # Chosen now, so the job runs where its model and group said at submit.
+            environment=_environment(model, instance_group),
             max_workers=max_workers,
             devices_per_worker=devices_per_worker,
             priority=validate_priority(priority if priority is not None else bounds.DEFAULT),

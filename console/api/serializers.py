@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
 from datasets.models import Dataset
-from environments.models import Environment
+from environments.models import Environment, EnvironmentBuild
 from environments.services import import_warnings
 from environments.spec import RequirementError, requirement_lines
 from jobs import priority as priority_bounds
@@ -56,6 +56,10 @@ class ResourceGroupSerializer(serializers.ModelSerializer):
 
 
 class InstanceGroupSerializer(serializers.ModelSerializer):
+    default_environment = serializers.SlugRelatedField(
+        slug_field="name", queryset=Environment.objects.filter(base__isnull=True),
+        allow_null=True, required=False)
+
     class Meta:
         model = InstanceGroup
         fields = [
@@ -65,6 +69,8 @@ class InstanceGroupSerializer(serializers.ModelSerializer):
             "policy",
             "preemption",
             "reclaim_grace_s",
+            "default_environment",
+            "allow_model_requirements",
             "created",
         ]
         read_only_fields = ["created"]
@@ -152,6 +158,7 @@ class ModelDefinitionSerializer(serializers.ModelSerializer):
 
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
+    environment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     workers = serializers.SerializerMethodField(help_text="Slots the job holds now.")
     wmla_state = serializers.CharField(read_only=True)
 
@@ -170,6 +177,7 @@ class JobSerializer(serializers.ModelSerializer):
             "model",
             "dataset",
             "instance_group",
+            "environment",
             "owner",
             "created",
             "started",
@@ -286,3 +294,37 @@ class UserSerializer(serializers.ModelSerializer):
     class Meta:
         model = get_user_model()
         fields = ["id", "username", "is_staff"]
+
+
+class EnvironmentBuildSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EnvironmentBuild
+        fields = ["host", "state", "python", "installed", "size_bytes", "seconds", "started",
+                  "ended", "log"]
+
+
+class EnvironmentSerializer(serializers.ModelSerializer):
+    """An environment, with where it is built. Admins create and change base environments;
+    layers are made by jobs (their owner and base are shown, never set here)."""
+
+    base = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    builds = EnvironmentBuildSerializer(many=True, read_only=True)
+    kind = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Environment
+        fields = ["id", "name", "description", "packages", "kind", "base", "owner", "builds",
+                  "created"]
+        read_only_fields = ["created"]
+
+    def get_kind(self, obj: Environment) -> str:
+        if obj.is_product:
+            return "product"
+        return "layer" if obj.is_layer else "base"
+
+    def validate_packages(self, value: str) -> str:
+        try:
+            return "\n".join(requirement_lines(value))
+        except RequirementError as exc:
+            raise serializers.ValidationError(str(exc)) from None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from django.contrib.auth import authenticate
+from django.db.models import ProtectedError, Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.authtoken.models import Token
@@ -17,6 +18,7 @@ from console.api.errors import call_service
 from console.api.idempotency import IDEMPOTENCY_KEY, idempotency_key, request_fingerprint
 from datasets import services as dataset_services
 from datasets.models import Dataset
+from environments.models import Environment
 from jobs import services as job_services
 from jobs.models import TrainingJob
 from models import services as model_services
@@ -54,6 +56,46 @@ class InstanceGroupViewSet(viewsets.ModelViewSet):
     permission_classes = [IsAdminOrReadOnly]
     filterset_fields = ["policy", "resource_group"]
     search_fields = ["name"]
+
+
+class EnvironmentViewSet(viewsets.ModelViewSet):
+    """Environments: everyone sees the admins' ones and their own layers; admins manage the
+    former. Changing what one holds, or ``rebuild``, makes every host build it again at its
+    next use."""
+
+    serializer_class = s.EnvironmentSerializer
+    permission_classes = [IsAdminOrReadOnly]
+    search_fields = ["name"]
+
+    def get_queryset(self):
+        found = Environment.objects.select_related("base", "owner").prefetch_related("builds")
+        if is_admin(self.request.user):
+            return found
+        return found.filter(Q(owner__isnull=True) | Q(owner=self.request.user))
+
+    def perform_update(self, serializer) -> None:
+        if serializer.instance.is_layer or serializer.instance.is_product:
+            raise ValidationError({"name": ["a job's layer and the product's own Python "
+                                            "cannot be changed"]})
+        before = serializer.instance.packages
+        environment = serializer.save()
+        if environment.packages != before:
+            environment.builds.all().delete()
+
+    def perform_destroy(self, instance: Environment) -> None:
+        try:
+            instance.delete()
+        except ProtectedError as exc:
+            users = sorted({str(o) for o in exc.protected_objects})[:5]
+            raise ValidationError({"name": [
+                f"environment {instance.name} is in use ({', '.join(users)}): pick another "
+                "for those first"]}) from None
+
+    @action(detail=True, methods=["post"])
+    def rebuild(self, request, pk=None):
+        environment = self.get_object()
+        environment.builds.all().delete()
+        return Response(s.EnvironmentSerializer(environment).data)
 
 
 def _update_only(serializer, updatable: frozenset[str]) -> None:
@@ -178,7 +220,8 @@ class JobViewSet(
 
     def get_queryset(self):
         return (
-            TrainingJob.objects.visible_to(self.request.user).with_workers().select_related("owner")
+            TrainingJob.objects.visible_to(self.request.user).with_workers()
+            .select_related("owner", "environment")
         )
 
     @extend_schema(

@@ -24,6 +24,8 @@ _SECTIONS = {
     "resource-group-edit": "resource-groups",
     "instance-groups": "instance-groups", "instance-group-new": "instance-groups",
     "instance-group-edit": "instance-groups",
+    "environments": "environments", "environment-new": "environments",
+    "environment-edit": "environments",
 }
 
 

@@ -138,6 +138,8 @@ def exec_json(job: TrainingJob, *, detail: bool = False) -> dict:
         "workers": workers,
         "targetWorkers": job.target_workers,
         "maxWorkers": job.max_workers,
+        # The environment that ran it (a layer of the model's requirements once launched).
+        "environment": job.environment.name if job.environment_id else None,
         "workerDeviceNum": job.devices_per_worker,
         "workerDeviceType": (wmla.worker_device_type if wmla else "") or "",
         "userArgs": job.args,

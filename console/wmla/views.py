@@ -101,7 +101,8 @@ class WmlaView(APIView):
         return (
             TrainingJob.objects.visible_to(self.request.user)
             .with_workers()
-            .select_related("owner", "model", "dataset", "instance_group", "wmla_exec")
+            .select_related("owner", "model", "dataset", "instance_group", "wmla_exec",
+                            "environment")
         )
 
     def get_job(self, identifier: str) -> TrainingJob:

@@ -4,16 +4,13 @@ jobs ran before environments existed)."""
 
 from django.db import migrations
 
-from environments.spec import DEFAULT_NAME, DEFAULT_PACKAGES, PRODUCT_NAME
+from environments.spec import BUILTIN
 
 
 def create(apps, schema_editor):
     Environment = apps.get_model("environments", "Environment")
-    Environment.objects.get_or_create(name=DEFAULT_NAME, defaults={
-        "description": "PyTorch with torchvision and the common data-science packages.",
-        "packages": "\n".join(DEFAULT_PACKAGES)})
-    Environment.objects.get_or_create(name=PRODUCT_NAME, defaults={
-        "description": "The host agent's own Python (torch, no torchvision): nothing to build."})
+    for name, fields in BUILTIN.items():
+        Environment.objects.get_or_create(name=name, defaults=fields)
 
 
 class Migration(migrations.Migration):

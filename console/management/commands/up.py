@@ -25,6 +25,7 @@ from config.service_files import write_private
 from config.tls import Certificate, web_argv
 from console.management.commands.bootstrap import admin_password_file
 from console.management.commands.serve_web import add_web_arguments, https_certificate
+from environments.spec import PRODUCT_NAME
 from runtime.events import redacted
 
 
@@ -132,6 +133,12 @@ class Command(BaseCommand):
                 f"Log in as {user} / {creds}\nPress Ctrl-C to stop.\n"
             )
         )
+        if settings.EDT_DEFAULT_ENVIRONMENT != PRODUCT_NAME:
+            log = Path(settings.EDT_ENVIRONMENTS_DIR) / socket.gethostname() / "build.log"
+            self.stdout.write(
+                f"Jobs run in environment {settings.EDT_DEFAULT_ENVIRONMENT}: the host agent "
+                f"builds it at its first start (a few minutes; progress in {log} and on the "
+                "Environments page). A job submitted meanwhile waits for it.\n")
 
     def _supervise(self, children: list[Child], env: dict) -> None:
         """Restart whichever child exits, until Ctrl-C or SIGTERM."""

@@ -1,0 +1,213 @@
+"""The interpreter a job's process runs with on this host: its environment's, built here the
+first time a job needs it.
+
+An admin's environment (a base) is built by the agent's own account into a folder jobs read
+and never write. A model's own requirements (its folder's ``requirements.txt`` and the
+model's list) make a layer on that base, built by the job owner's account, never by root: a
+requirement is code (an sdist's setup.py runs while it installs). A layer is cached by its key
+(the base and the requirement set) in the owner's own folder, so every job of that owner that
+asks for the same set on this host shares one build, and no other user's job imports it.
+
+Each build's output goes to the job's log (``log/environment/stdout``); a build that fails
+fails the job at once with the installer's own message (a ``LaunchError``).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from agent.accounts import RunAs, user_python
+from environments import build
+from environments.models import Environment, EnvironmentBuild
+from environments.services import environment_for
+from environments.spec import RequirementError, layer_key, requirement_lines
+from jobs import jobfiles
+from jobs.models import TrainingJob
+
+REQUIREMENTS_FILE = "requirements.txt"
+REQUIREMENTS_MAX_BYTES = 64 * 1024
+
+# One build of an environment at a time on this host: a job's driver and its workers (or two
+# jobs) that need the same one wait for the first build instead of starting a second.
+_locks: dict[int, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+class EnvironmentUnavailable(Exception):
+    """The job's environment cannot be had on this host; the message says why, for its owner."""
+
+
+def _lock(environment: Environment) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(environment.pk, threading.Lock())
+
+
+def environment_of(job: TrainingJob) -> Environment:
+    """The environment chosen for ``job`` at submit (or now, for a job from before)."""
+    return job.environment or environment_for(job.model, job.instance_group)
+
+
+def job_python(job: TrainingJob, environment: Environment, host: str, user: RunAs | None,
+               log: BinaryIO) -> str:
+    """The interpreter for ``job``'s processes on ``host`` in ``environment``; builds what is
+    missing first, its output to ``log``."""
+    if environment.is_product:
+        return user_python()
+    base = _ready(environment, host, log, lambda: _build_base(environment, host, log))
+    requirements = model_requirements(job)
+    if not requirements:
+        return base.python
+    if not (settings.EDT_MODEL_REQUIREMENTS and job.instance_group.allow_model_requirements):
+        log.write(f"--- the model's requirements are not installed: instance group "
+                  f"{job.instance_group.name} does not build models' requirements\n".encode())
+        return base.python
+    layer = _layer(job, environment, requirements)
+    built = _ready(layer, host, log, lambda: _build_layer(layer, base, host, user, log))
+    TrainingJob.objects.filter(pk=job.pk).update(environment=layer)
+    return built.python
+
+
+def model_requirements(job: TrainingJob) -> list[str]:
+    """The model's requirement set: its folder's requirements.txt and its own list. A line
+    that is not a plain requirement fails the job (it was refused at registration too)."""
+    text = job.model.requirements or ""
+    try:
+        # The owner can write the model's folder: read without following a link, size-capped.
+        with jobfiles.open_file(job.model.location, REQUIREMENTS_FILE) as f:
+            text += "\n" + f.read(REQUIREMENTS_MAX_BYTES + 1).decode("utf-8", "replace")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise EnvironmentUnavailable(f"{REQUIREMENTS_FILE} cannot be read: {exc}") from None
+    try:
+        return requirement_lines(text)
+    except RequirementError as exc:
+        raise EnvironmentUnavailable(f"The model's requirements are refused: {exc}") from None
+
+
+def _layer(job: TrainingJob, base: Environment, requirements: list[str]) -> Environment:
+    """The owner's layer of ``requirements`` on ``base``: found by its key, else recorded."""
+    key = layer_key(base.name, base.packages, requirements)
+    fields = {"name": f"{base.name}+{job.owner.username}-{key[:10]}"[:64], "base": base,
+              "packages": "\n".join(requirements)}
+    try:
+        with transaction.atomic():
+            return Environment.objects.get_or_create(owner=job.owner, key=key,
+                                                     defaults=fields)[0]
+    except IntegrityError:  # another process recorded it first
+        return Environment.objects.get(owner=job.owner, key=key)
+
+
+def _ready(environment: Environment, host: str, log: BinaryIO,
+           make: Callable[[], build.Built]) -> EnvironmentBuild:
+    """``environment``'s ready build on ``host``, built now when there is none."""
+    with _lock(environment):
+        found = EnvironmentBuild.objects.filter(environment=environment, host=host,
+                                                state=EnvironmentBuild.State.READY).first()
+        if found is not None and os.path.exists(found.python):
+            return found
+        EnvironmentBuild.objects.update_or_create(
+            environment=environment, host=host,
+            defaults={"state": EnvironmentBuild.State.BUILDING, "started": timezone.now(),
+                      "ended": None, "log": ""})
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} building environment "
+                  f"{environment.name} on {host} (its first use here)\n".encode())
+        log.flush()
+        try:
+            built = make()
+        except build.BuildError as exc:
+            _record(environment, host, EnvironmentBuild.State.FAILED, log=exc.log_tail)
+            raise EnvironmentUnavailable(
+                f"Environment {environment.name} cannot be built on {host}: {exc}") from None
+        log.write(f"--- environment {environment.name} ready in {built.seconds:.1f} s\n"
+                  .encode())
+        return _record(environment, host, EnvironmentBuild.State.READY, built=built)
+
+
+def _record(environment: Environment, host: str, state: str, *, built: build.Built | None = None,
+            log: str = "") -> EnvironmentBuild:
+    fields: dict[str, object] = {"state": state, "ended": timezone.now(), "log": log[-20000:]}
+    if built is not None:
+        fields.update(python=built.python, installed=built.installed, modules=built.modules,
+                      size_bytes=built.size_bytes, seconds=built.seconds)
+    return EnvironmentBuild.objects.update_or_create(environment=environment, host=host,
+                                                     defaults=fields)[0]
+
+
+def host_folder(host: str) -> Path:
+    """Where this host's environments live (a host's name keeps two agents of one machine,
+    as in tests, apart)."""
+    return Path(settings.EDT_ENVIRONMENTS_DIR) / host
+
+
+def _build_base(environment: Environment, host: str, log: BinaryIO) -> build.Built:
+    folder = host_folder(host) / environment.name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return build.build_base(environment.requirements(), folder, log,
+                            settings.EDT_ENVIRONMENT_BUILD_TIMEOUT_S)
+
+
+def _build_layer(layer: Environment, base: EnvironmentBuild, host: str, user: RunAs | None,
+                 log: BinaryIO) -> build.Built:
+    account = (user.uid, user.gid) if user is not None else None
+    owner_key = str(user.uid) if user is not None else "agent"
+    folder = build.layer_folder(host_folder(host), owner_key, layer.key)
+    _owners_folder(folder.parent, user)
+    return build.build_layer(base.python, base.installed, layer.requirements(), folder, log,
+                             settings.EDT_LAYER_BUILD_TIMEOUT_S, settings.EDT_LAYER_MAX_BYTES,
+                             account)
+
+
+def _owners_folder(folder: Path, user: RunAs | None) -> None:
+    """The owner's own folder of layers, made by this (root) agent and handed to the owner:
+    every folder above it is the agent's, so nothing on the way is the owner's to swap."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise EnvironmentUnavailable(f"{folder} is not a folder")
+    if user is not None and (st.st_uid, st.st_gid) != (user.uid, user.gid):
+        os.chown(folder, user.uid, user.gid, follow_symlinks=False)
+
+
+def prepare(environment: Environment, host: str, log: BinaryIO) -> EnvironmentBuild | None:
+    """Have ``environment`` (a base) ready on ``host``: its ready build, built now if needed;
+    None for the product's own Python, which needs none."""
+    if environment.is_product:
+        return None
+    return _ready(environment, host, log, lambda: _build_base(environment, host, log))
+
+
+def environments_in_use() -> list[Environment]:
+    """The base environments jobs will ask for: the cluster's default and each instance
+    group's and model's own."""
+    names = {settings.EDT_DEFAULT_ENVIRONMENT}
+    used = Environment.objects.filter(
+        Q(name__in=names) | Q(instance_groups__isnull=False)
+        | Q(model_definitions__isnull=False), base__isnull=True)
+    return list(used.distinct())
+
+
+def prepare_all(host: str, log: BinaryIO) -> None:
+    """At the agent's start, in the background: build what this host's jobs will need, so a
+    job's first launch here does not wait for it. A build that fails is recorded (its log on
+    the Environments page) and tried again at the next job that needs it."""
+    for environment in environments_in_use():
+        try:
+            prepare(environment, host, log)
+        except EnvironmentUnavailable as exc:
+            log.write(f"--- {exc}\n".encode())
