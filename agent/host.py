@@ -126,13 +126,13 @@ class HostAgent:
 
     def prepare_environments(self) -> None:
         """Build, in the background, the environments this host's jobs will run in (the first
-        time: minutes; ``var/environments/<host>/build.log`` and the Environments page say how
+        time: minutes; ``var/environments/build-<host>.log`` and the Environments page say how
         far it is). A job launched meanwhile waits for the build it needs."""
         def build() -> None:
-            folder = job_environment.host_folder(self.name)
+            folder = job_environment.environments_root()
             folder.mkdir(parents=True, exist_ok=True)
             try:
-                with open(folder / "build.log", "ab") as out:
+                with open(folder / f"build-{self.name}.log", "ab") as out:
                     job_environment.prepare_all(self.name, out)
             except Exception:
                 log.exception("agent %s: preparing environments failed", self.name)

@@ -14,11 +14,13 @@ fails the job at once with the installer's own message (a ``LaunchError``).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -112,7 +114,7 @@ def _layer(job: TrainingJob, base: Environment, requirements: list[str]) -> Envi
 def _ready(environment: Environment, host: str, log: BinaryIO,
            make: Callable[[], build.Built]) -> EnvironmentBuild:
     """``environment``'s ready build on ``host``, built now when there is none."""
-    with _lock(environment):
+    with _lock(environment), _machine_lock(environment):
         found = EnvironmentBuild.objects.filter(environment=environment, host=host,
                                                 state=EnvironmentBuild.State.READY).first()
         if found is not None and os.path.exists(found.python):
@@ -145,24 +147,42 @@ def _record(environment: Environment, host: str, state: str, *, built: build.Bui
                                                      defaults=fields)[0]
 
 
-def host_folder(host: str) -> Path:
-    """Where this host's environments live (a host's name keeps two agents of one machine,
-    as in tests, apart)."""
-    return Path(settings.EDT_ENVIRONMENTS_DIR) / host
+def environments_root() -> Path:
+    """Where this machine's environments live: ``bases/<name>`` and ``users/<owner>/<key>``.
+    Agents of one machine share them (one builds, the others wait on its lock)."""
+    return Path(settings.EDT_ENVIRONMENTS_DIR)
+
+
+@contextmanager
+def _machine_lock(environment: Environment) -> Iterator[None]:
+    """One build of an environment at a time on this machine, across agent processes."""
+    locks = environments_root() / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / f"{environment.pk}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _build_base(environment: Environment, host: str, log: BinaryIO) -> build.Built:
-    folder = host_folder(host) / environment.name
+    folder = environments_root() / "bases" / environment.name
+    packages = environment.requirements()
+    adopted = build.adopt_base(packages, folder)
+    if adopted is not None:
+        log.write(f"--- {folder} already holds environment {environment.name}: used as it "
+                  "is\n".encode())
+        return adopted
     folder.parent.mkdir(parents=True, exist_ok=True)
-    return build.build_base(environment.requirements(), folder, log,
-                            settings.EDT_ENVIRONMENT_BUILD_TIMEOUT_S)
+    return build.build_base(packages, folder, log, settings.EDT_ENVIRONMENT_BUILD_TIMEOUT_S)
 
 
 def _build_layer(layer: Environment, base: EnvironmentBuild, host: str, user: RunAs | None,
                  log: BinaryIO) -> build.Built:
     account = (user.uid, user.gid) if user is not None else None
     owner_key = str(user.uid) if user is not None else "agent"
-    folder = build.layer_folder(host_folder(host), owner_key, layer.key)
+    folder = build.layer_folder(environments_root(), owner_key, layer.key)
     _owners_folder(folder.parent, user)
     return build.build_layer(base.python, base.installed, layer.requirements(), folder, log,
                              settings.EDT_LAYER_BUILD_TIMEOUT_S, settings.EDT_LAYER_MAX_BYTES,

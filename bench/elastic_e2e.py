@@ -59,6 +59,8 @@ def _django(tmp: Path) -> None:
         "EDT_VAR_DIR": str(tmp / "var"),
         # Where the bench's model lives (Bench.records): submit checks the model is there.
         "EDT_MODEL_ROOTS": str(tmp / "models"),
+        # The runtime's own figures: jobs on the agents' own Python (torch), nothing to build.
+        "EDT_DEFAULT_ENVIRONMENT": "product",
         "SECRET_KEY": f"bench-{uuid.uuid4().hex}",
         "AXES_ENABLED": "false",
     })

@@ -56,6 +56,7 @@ def prepare(root: Path, tag: str) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}",
         "EDT_VAR_DIR": str(root / "var"),
+        "EDT_DEFAULT_ENVIRONMENT": "product",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
         "EDT_EVENTS_STREAM": f"edt:bench:{tag}",
         "EDT_CHANNEL_PREFIX": f"edt-bench-{tag}",

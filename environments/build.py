@@ -489,6 +489,33 @@ def build_base(packages: list[str], folder: Path, log: BinaryIO | Path,
                  time.monotonic() - ctx.started)
 
 
+def adopt_base(packages: list[str], folder: Path) -> Built | None:
+    """The complete base already at ``folder`` when it was built of these same ``packages``
+    (an agent started again on a fresh database, an image built ahead of time, another
+    checkout's cache): its product path set to this product's source root, nothing
+    installed. None when there is none, or it holds another set. The folder is the agent's
+    own (a base): reading it by name is safe."""
+    folder = Path(folder)
+    try:
+        recorded = json.loads((folder / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    python = folder / "bin" / "python"
+    if recorded.get("packages") != list(packages) or not python.exists():
+        return None
+    started = time.monotonic()
+    ctx = _Context(_Log(_Sink()), PROBE_TIMEOUT_S, _base_env(), None, str(folder.parent),
+                   sys.executable)
+    try:
+        site = Path(_inspect(str(python), ctx)["purelib"])
+        (site / PRODUCT_PTH).write_text(f"{SOURCE_ROOT}\n")
+        info = _inspect(str(python), ctx)
+    except (BuildError, OSError):
+        return None  # broken: built again
+    return Built(str(python), info["installed"], info["modules"], _tree_size(folder),
+                 time.monotonic() - started)
+
+
 def _base_steps(packages: list[str], tmp: Path, folder: Path, ctx: _Context) -> dict:
     """Make the base in ``tmp`` (to be renamed ``folder``); what it holds (``_PROBE``)."""
     _run([_base_interpreter(), "-m", "venv", str(tmp)], ctx)

@@ -72,6 +72,7 @@ def _agent_env(prefix: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EDT_", "DATABASE_URL"))}
     env.update({"DATABASE_URL": url, "REDIS_URL": django_settings.REDIS_URL,
                 "SECRET_KEY": "agent-test", "EDT_REDIS_PREFIX": prefix,
+                "EDT_DEFAULT_ENVIRONMENT": "product",
                 "DJANGO_SETTINGS_MODULE": "config.settings"})
     return env
 

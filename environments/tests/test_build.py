@@ -116,6 +116,17 @@ def test_a_base_is_the_products_python_with_its_packages_and_the_runtime(tmp_pat
             assert mode & 0o004 and not mode & 0o022, path
     assert built.size_bytes > 1 << 20 and built.seconds > 0
 
+    # Found again complete (a fresh database, another checkout): used as it is, its product
+    # path set to this checkout's; another package set, or a broken record, is built again.
+    (_site(folder) / build.PRODUCT_PTH).write_text("/elsewhere\n")
+    adopted = build.adopt_base(["iniconfig"], folder)
+    assert adopted is not None and adopted.python == built.python
+    assert adopted.installed == built.installed and "runtime" in adopted.modules
+    assert (_site(folder) / build.PRODUCT_PTH).read_text().strip() == str(build.SOURCE_ROOT)
+    assert build.adopt_base(["iniconfig", "six"], folder) is None
+    (folder / build.METADATA_FILE).write_text("{not json")
+    assert build.adopt_base(["iniconfig"], folder) is None
+
 
 @pytest.mark.slow
 def test_a_layer_sees_the_bases_torch_and_installs_only_what_the_base_lacks(tmp_path, product):

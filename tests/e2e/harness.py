@@ -87,6 +87,8 @@ class Cluster:
                     str(d) for d in getattr(settings_fixture, "EDT_SHARED_MODEL_DIRS", [])),
                 "EDT_REDIS_PREFIX": self.prefix,
                 "EDT_EVENTS_STREAM": self.stream,
+                # The tests' cluster default (conftest.py): the agents build nothing at start.
+                "EDT_DEFAULT_ENVIRONMENT": settings_fixture.EDT_DEFAULT_ENVIRONMENT,
                 "EDT_HEARTBEAT_S": "1",
                 "EDT_HOST_TIMEOUT_S": "5",
                 "EDT_SCHEDULER_INTERVAL_S": "1",

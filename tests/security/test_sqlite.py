@@ -62,6 +62,7 @@ class Product:
             "EDT_VAR_DIR": str(tmp / "var"),
             "EDT_REDIS_PREFIX": f"edt-sqlite-{self.run_id}",
             "EDT_EVENTS_STREAM": self.stream,
+            "EDT_DEFAULT_ENVIRONMENT": "product",
             "EDT_HOST_TIMEOUT_S": "30",
             "LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",

@@ -134,7 +134,7 @@ class Command(BaseCommand):
             )
         )
         if settings.EDT_DEFAULT_ENVIRONMENT != PRODUCT_NAME:
-            log = Path(settings.EDT_ENVIRONMENTS_DIR) / socket.gethostname() / "build.log"
+            log = Path(settings.EDT_ENVIRONMENTS_DIR) / f"build-{socket.gethostname()}.log"
             self.stdout.write(
                 f"Jobs run in environment {settings.EDT_DEFAULT_ENVIRONMENT}: the host agent "
                 f"builds it at its first start (a few minutes; progress in {log} and on the "
