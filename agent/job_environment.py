@@ -15,6 +15,7 @@ fails the job at once with the installer's own message (a ``LaunchError``).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import stat
 import threading
@@ -64,18 +65,21 @@ def job_python(job: TrainingJob, environment: Environment, host: str, user: RunA
                log: BinaryIO) -> str:
     """The interpreter for ``job``'s processes on ``host`` in ``environment``; builds what is
     missing first, its output to ``log``."""
-    if environment.is_product:
-        return user_python()
-    base = _ready(environment, host, log, lambda: _build_base(environment, host, log))
     requirements = model_requirements(job)
+    if environment.is_product:
+        python, installed = user_python(), None
+    else:
+        base = _ready(environment, host, log, lambda: _build_base(environment, host, log))
+        python, installed = base.python, base.installed
     if not requirements:
-        return base.python
+        return python
     if not (settings.EDT_MODEL_REQUIREMENTS and job.instance_group.allow_model_requirements):
         log.write(f"--- the model's requirements are not installed: instance group "
                   f"{job.instance_group.name} does not build models' requirements\n".encode())
-        return base.python
+        return python
     layer = _layer(job, environment, requirements)
-    built = _ready(layer, host, log, lambda: _build_layer(layer, base, host, user, log))
+    built = _ready(layer, host, log,
+                   lambda: _build_layer(layer, python, installed, user, log))
     TrainingJob.objects.filter(pk=job.pk).update(environment=layer)
     return built.python
 
@@ -178,13 +182,24 @@ def _build_base(environment: Environment, host: str, log: BinaryIO) -> build.Bui
     return build.build_base(packages, folder, log, settings.EDT_ENVIRONMENT_BUILD_TIMEOUT_S)
 
 
-def _build_layer(layer: Environment, base: EnvironmentBuild, host: str, user: RunAs | None,
-                 log: BinaryIO) -> build.Built:
+@functools.cache
+def _installed_in(python: str) -> dict[str, str]:
+    """What the product's own Python (a job's interpreter in the ``product`` environment)
+    holds, asked once per process: a layer on it installs none of these again."""
+    return build.probe(python)[0]
+
+
+def _build_layer(layer: Environment, base_python: str, base_installed: dict[str, str] | None,
+                 user: RunAs | None, log: BinaryIO) -> build.Built:
+    """``layer`` on the interpreter ``base_python`` (an admin's environment's, or the
+    product's own when ``base_installed`` is None), by the job owner's account."""
     account = (user.uid, user.gid) if user is not None else None
     owner_key = str(user.uid) if user is not None else "agent"
     folder = build.layer_folder(environments_root(), owner_key, layer.key)
     _owners_folder(folder.parent, user)
-    return build.build_layer(base.python, base.installed, layer.requirements(), folder, log,
+    if base_installed is None:
+        base_installed = _installed_in(base_python)
+    return build.build_layer(base_python, base_installed, layer.requirements(), folder, log,
                              settings.EDT_LAYER_BUILD_TIMEOUT_S, settings.EDT_LAYER_MAX_BYTES,
                              account)
 

@@ -23,7 +23,12 @@ from agent import cgroups, warm
 from agent.accounts import RunAs, as_account, job_accounts, run_as, service_gid, user_python
 from agent.children import Child, job_limits, start_cold, start_warm
 from agent.environment import events_redis_url
-from agent.job_environment import EnvironmentUnavailable, environment_of, job_python
+from agent.job_environment import (
+    EnvironmentUnavailable,
+    environment_of,
+    job_python,
+    model_requirements,
+)
 from agent.job_folder import grant_uploads, prepare_job_dir
 from agent.relay import Relay, events_pipe
 from config.event_stream import stream_name
@@ -122,7 +127,7 @@ def _python(job: TrainingJob, host: str, user: RunAs | None, root: Path) -> str:
     """The job's interpreter on this host: its environment's, built first when this host has
     none yet (the build's output in the job's ``log/environment/stdout``)."""
     environment = environment_of(job)
-    if environment.is_product:
+    if environment.is_product and not _has_requirements(job):
         return user_python()
     fd = open_beneath(root, (LOG_FOLDER, "environment", "stdout"),
                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640, make_dirs=True)
@@ -134,6 +139,15 @@ def _python(job: TrainingJob, host: str, user: RunAs | None, root: Path) -> str:
         except EnvironmentUnavailable as exc:
             out.write(f"--- {exc}\n".encode())
             raise LaunchError(str(exc)) from None
+
+
+def _has_requirements(job: TrainingJob) -> bool:
+    """Whether ``job``'s model asks for packages of its own (a refused list counts: its
+    error goes to the job's environment log)."""
+    try:
+        return bool(model_requirements(job))
+    except EnvironmentUnavailable:
+        return True
 
 
 def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str], host: str) -> Child:

@@ -69,7 +69,11 @@ class EnvironmentViewSet(viewsets.ModelViewSet):
 
     def get_queryset(self):
         found = Environment.objects.select_related("base", "owner").prefetch_related("builds")
-        if is_admin(self.request.user):
+        user = self.request.user
+        # Anonymous requests (and the schema generator's fake view) see nothing.
+        if not (user and user.is_authenticated):
+            return found.none()
+        if is_admin(user):
             return found
         return found.filter(Q(owner__isnull=True) | Q(owner=self.request.user))
 

@@ -29,6 +29,7 @@ from rest_framework.test import APIClient
 
 from datasets import services as dataset_services
 from datasets.models import Dataset
+from environments.models import Environment, EnvironmentBuild
 from jobs import services as job_services
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from models import services as model_services
@@ -38,7 +39,8 @@ from resources.models import Host, InstanceGroup, ResourceGroup
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "a-long-enough-password-1"
 OWNED = ("/api/v1/datasets/", "/api/v1/models/", "/api/v1/jobs/")
-CLUSTER = ("/api/v1/hosts/", "/api/v1/resource-groups/", "/api/v1/instance-groups/")
+CLUSTER = ("/api/v1/hosts/", "/api/v1/resource-groups/", "/api/v1/instance-groups/",
+           "/api/v1/environments/")
 PUBLIC = {("POST", "/api/v1/auth/token/")}
 
 
@@ -123,12 +125,15 @@ def world(db, tmp_path, settings) -> World:
     host = Host.objects.create(name="cpu-host-1", cpu_slots=4)
     rg = ResourceGroup.objects.create(name="rg", slots_mode="static", static_slots=4)
     ig = InstanceGroup.objects.create(name="ig", resource_group=rg)
+    team = Environment.objects.create(name="team", packages="numpy==2.5.5")
+    Environment.objects.create(name="alice-layer", base=team, owner=alice, key="k" * 64,
+                               packages="termcolor")
     return World(
         alice=alice, bob=bob, carol=carol, admin=admin,
         alice_owns=_own(alice, "alice", tmp_path, ig, host, 0),
         bob_owns=_own(bob, "bob", tmp_path, ig, host, 1),
         cluster_ids={"/api/v1/hosts/": host.pk, "/api/v1/resource-groups/": rg.pk,
-                     "/api/v1/instance-groups/": ig.pk},
+                     "/api/v1/instance-groups/": ig.pk, "/api/v1/environments/": team.pk},
     )
 
 
@@ -137,7 +142,7 @@ def _snapshot() -> dict:
     return {
         model.__name__: sorted(map(repr, model.objects.values()))
         for model in (Dataset, ModelDefinition, TrainingJob, SlotAllocation, JobEvent, JobMetric,
-                      Host, ResourceGroup, InstanceGroup, Token)
+                      Host, ResourceGroup, InstanceGroup, Token, Environment, EnvironmentBuild)
     }
 
 
@@ -235,6 +240,15 @@ def test_only_an_admin_changes_hosts_and_groups(world: World, method: str, path:
     response = _send(_client(world.alice), method, world.url(path), {"name": "mine"})
     assert response.status_code == 403, (method, path, response.status_code)
     assert _snapshot() == before
+
+
+def test_a_users_layer_is_theirs_alone(world: World) -> None:
+    layer = Environment.objects.get(name="alice-layer")
+    assert _client(world.alice).get(f"/api/v1/environments/{layer.pk}/").status_code == 200
+    assert _client(world.bob).get(f"/api/v1/environments/{layer.pk}/").status_code == 404
+    listed = _client(world.bob).get("/api/v1/environments/").json()["results"]
+    names = {row["name"] for row in listed}
+    assert "team" in names and "alice-layer" not in names
 
 
 def test_a_user_cannot_train_another_users_model_or_use_their_dataset(world: World) -> None:
