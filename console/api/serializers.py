@@ -307,8 +307,9 @@ class EnvironmentSerializer(serializers.ModelSerializer):
     """An environment, with where it is built. Admins create and change base environments;
     layers are made by jobs (their owner and base are shown, never set here)."""
 
-    base = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    base = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None,
+                                  allow_null=True)
     builds = EnvironmentBuildSerializer(many=True, read_only=True)
     kind = serializers.SerializerMethodField()
 
