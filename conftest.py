@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from rest_framework.test import APIClient
 
+from tests import default_environment
 from tests.support import worker_redis_url
 
 # Every test here starts servers, agents, jobs or browsers (or re-runs a bench harness).
@@ -54,6 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.CACHES["default"]["KEY_PREFIX"] = prefix
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = prefix
     sys.addaudithook(_note_child_process)
+    if not worker and default_environment.needed(config.args, config.option.markexpr or "",
+                                                 Path(str(config.rootpath))):
+        default_environment.start_in_background()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -65,7 +69,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The long tests first, the quick ones last: under pytest-xdist the quick tests then fill
     # the cores at the end of the run, instead of one core finishing a long test alone while
     # the others wait (longest first is the classic way to balance such a schedule).
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # ``late`` tests wait for something the run builds in the background (the default job
+    # environment): after the other long ones, before the quick ones.
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("late") is not None))
 
 
 # The test running now when it is not marked slow (None otherwise), and the unmarked tests
@@ -242,9 +249,10 @@ def process_start(request):
     pool = warm.WarmPool()
     pool.start(accounts.user_python())
     assert pool.ready(120), "the warm process did not get ready within 120 s"
-    original, warm.pool = warm.pool, pool
+    original, warm.pools = warm.pools, warm.WarmPools()
+    warm.pools.add(pool)
     try:
         yield pool
     finally:
-        warm.pool = original
+        warm.pools = original
         pool.stop()

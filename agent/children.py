@@ -332,11 +332,12 @@ def _passable(argv: list[str], env: dict[str, str]) -> bool:
 def start_warm(argv: list[str], root: Path, env: dict[str, str], out_fd: int, events_out: int,
                 user: RunAs | None, group: cgroups.Group | None) -> warm.WarmProcess | None:
     """A fork of the agent's warm process (``agent.warm``), or None to start it cold."""
-    if not _passable(argv, env) or argv[0] != warm.pool.python:
-        return None  # another environment's interpreter starts cold
+    pool = warm.pools.get(argv[0])
+    if pool is None or not _passable(argv, env):
+        return None  # an interpreter without a warm process (a layer's) starts cold
     # The forked process joins the group (the warm process is root) and lowers its limits
     # before it takes the job's account; it exits without running the job when it cannot.
-    return warm.pool.spawn(
+    return pool.spawn(
         argv, cwd=str(root), env={**env, "EDT_EVENTS_FD": str(warm.EVENTS_FD)},
         fds=(out_fd, events_out), uid=user.uid if user else None,
         gid=user.gid if user else None, umask=_umask(user),

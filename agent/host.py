@@ -122,7 +122,8 @@ class HostAgent:
         if not warm.enabled():
             log.info("agent %s: warm processes off; every process starts cold", self.name)
         elif self.accounts.get("ok", True):
-            warm.pool.start(user_python())
+            warm.pools.open()
+            warm.pools.start(user_python())
 
     def prepare_environments(self) -> None:
         """Build, in the background, the environments this host's jobs will run in (the first
@@ -193,7 +194,7 @@ class HostAgent:
             self.stopping.set()
             stop_supervising()
             end_all()
-            warm.pool.stop()
+            warm.pools.stop()
             try:
                 released = leave(name=self.name)
                 log.info("agent %s stopped; %d slots released", self.name, released)

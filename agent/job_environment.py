@@ -30,6 +30,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from agent import warm
 from agent.accounts import RunAs, user_python
 from environments import build
 from environments.models import Environment, EnvironmentBuild
@@ -69,7 +70,7 @@ def job_python(job: TrainingJob, environment: Environment, host: str, user: RunA
     if environment.is_product:
         python, installed = user_python(), None
     else:
-        base = _ready(environment, host, log, lambda: _build_base(environment, host, log))
+        base = _base(environment, host, log)
         python, installed = base.python, base.installed
     if not requirements:
         return python
@@ -224,7 +225,15 @@ def prepare(environment: Environment, host: str, log: BinaryIO) -> EnvironmentBu
     None for the product's own Python, which needs none."""
     if environment.is_product:
         return None
-    return _ready(environment, host, log, lambda: _build_base(environment, host, log))
+    return _base(environment, host, log)
+
+
+def _base(environment: Environment, host: str, log: BinaryIO) -> EnvironmentBuild:
+    """``environment``'s ready build on ``host``, with a warm process of its interpreter (a
+    base is the agent's own: a root process may run it) so its jobs' processes start warm."""
+    built = _ready(environment, host, log, lambda: _build_base(environment, host, log))
+    warm.pools.start(built.python)
+    return built
 
 
 def environments_in_use() -> list[Environment]:

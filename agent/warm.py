@@ -9,6 +9,11 @@ process cold, the way it always could. A warm process that dies is started again
 died within a minute of its start (then processes start cold until the agent restarts).
 ``EDT_WARM_PROCESSES=false`` turns it off.
 
+There is one warm process per interpreter jobs run on (:class:`WarmPools`): the product's own,
+and each admin environment's (a base, built by the agent and written by nobody else), started
+when that environment is ready on the host. A layer's interpreter never gets one: its
+folders are its owner's, so a root process must not run it; a layer's jobs start cold.
+
 The warm process runs as the agent's account with an environment built from nothing here:
 PATH, the locale, and the path to the runtime. It is reached only through a socket pair with
 no name, and every child closes it before running user code.
@@ -33,7 +38,7 @@ from django.conf import settings
 
 from runtime.warm import EVENTS_FD
 
-__all__ = ["EVENTS_FD", "WarmPool", "WarmProcess", "enabled", "pool"]
+__all__ = ["EVENTS_FD", "WarmPool", "WarmPools", "WarmProcess", "enabled", "pools"]
 
 log = logging.getLogger("edt.execution")
 
@@ -41,6 +46,9 @@ log = logging.getLogger("edt.execution")
 REPLY_S = 10.0
 # A warm process that dies sooner than this after its start is not started again.
 CRASH_LOOP_S = 60.0
+# Warm processes per host at most: each holds an interpreter with torch imported (hundreds of
+# MB); environments beyond these start their processes cold.
+MAX_POOLS = 4
 
 
 def enabled() -> bool:
@@ -256,4 +264,47 @@ def _warm_env() -> dict[str, str]:
     }
 
 
-pool = WarmPool()
+class WarmPools:
+    """The host's warm processes, one per interpreter (the product's, each base's)."""
+
+    def __init__(self, limit: int = MAX_POOLS) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._pools: dict[str, WarmPool] = {}
+        self._open = False
+
+    def open(self) -> None:
+        """The host agent serves jobs: ``start`` starts warm processes from now on (a
+        process that only builds environments, or a test, starts none)."""
+        self._open = enabled()
+
+    def start(self, python: str) -> WarmPool | None:
+        """The warm process of ``python``, started now unless it runs already; None when
+        warm processes are off or the host has its most already."""
+        if not self._open:
+            return None
+        with self._lock:
+            found = self._pools.get(python)
+            if found is not None or len(self._pools) >= self._limit:
+                return found
+            pool = self._pools[python] = WarmPool()
+        pool.start(python)
+        return pool
+
+    def add(self, pool: WarmPool) -> None:
+        """A pool started elsewhere (a test's) serves its interpreter's processes."""
+        with self._lock:
+            self._pools[pool.python] = pool
+
+    def get(self, python: str) -> WarmPool | None:
+        with self._lock:
+            return self._pools.get(python)
+
+    def stop(self) -> None:
+        with self._lock:
+            pools, self._pools, self._open = list(self._pools.values()), {}, False
+        for pool in pools:
+            pool.stop()
+
+
+pools = WarmPools()

@@ -1,5 +1,5 @@
-"""Helpers shared by tests: free ports, uploads, jobs run under other accounts, and how far a
-stream's consumer group is behind."""
+"""Helpers shared by tests: waiting for a condition, free ports, uploads, jobs run under other
+accounts, and how far a stream's consumer group is behind."""
 
 from __future__ import annotations
 
@@ -10,11 +10,28 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 60.0,
+               every: float = 0.05, on_fail: Callable[[], str] | None = None) -> Any:
+    """``predicate()``'s first true value, asked every ``every`` seconds; after ``timeout``
+    seconds an AssertionError naming ``what`` (and ``on_fail()``'s account, e.g. the logs).
+    The one way tests wait for something another process does: never a bare sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            detail = on_fail() if on_fail else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{detail}")
+        time.sleep(every)
 
 
 def free_port() -> int:

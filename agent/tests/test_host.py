@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +21,7 @@ from jobs.models import SlotAllocation
 from resources.discovery import GpuInfo
 from resources.models import GPU, Host
 from resources.services import host_heartbeat, host_queue, host_register
+from tests.support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,14 +77,6 @@ def _agent_env(prefix: str) -> dict[str, str]:
     return env
 
 
-def _wait(predicate, what: str, timeout: float = 40.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_real_agent_registers_heartbeats_and_serves_its_queue(tmp_path):
@@ -103,13 +95,13 @@ def test_a_real_agent_registers_heartbeats_and_serves_its_queue(tmp_path):
         start_new_session=True,
     )
     try:
-        host = _wait(lambda: Host.objects.filter(name=name).first(), "the host to register")
+        host = wait_until(lambda: Host.objects.filter(name=name).first(), "the host to register")
         assert host.cpu_slots == 3 and host.state == Host.State.UP and host.gpus.count() == 0
         first = host.last_heartbeat
-        _wait(lambda: Host.objects.get(name=name).last_heartbeat > first, "a heartbeat")
+        wait_until(lambda: Host.objects.get(name=name).last_heartbeat > first, "a heartbeat")
         # The agent consumes its own queue: a task sent there runs (its log shows it).
         stop_job.apply_async(args=[0], queue=host_queue(name))
-        _wait(lambda: b"jobs.stop_job" in (tmp_path / "agent.log").read_bytes(),
+        wait_until(lambda: b"jobs.stop_job" in (tmp_path / "agent.log").read_bytes(),
               "the agent to run a task from its queue")
         # A clean stop marks the host unavailable at once (no heartbeat timeout to wait for).
         os.killpg(proc.pid, signal.SIGTERM)

@@ -113,3 +113,27 @@ def test_warm_processes_can_be_turned_off(settings):
     assert warm.enabled()  # the default
     settings.EDT_WARM_PROCESSES = False
     assert not warm.enabled()
+
+
+def test_pools_start_one_warm_process_per_interpreter_up_to_the_limit(settings):
+    settings.EDT_WARM_PROCESSES = True
+    pools = warm.WarmPools(limit=1)
+    assert pools.start(sys.executable) is None  # not open: a test or a builder starts none
+    pools.open()
+    try:
+        first = pools.start(sys.executable)
+        assert first is not None and first.python == sys.executable
+        assert pools.start(sys.executable) is first and pools.get(sys.executable) is first
+        # Past the limit, another environment's processes start cold.
+        assert pools.start("/opt/other-environment/bin/python") is None
+        assert pools.get("/opt/other-environment/bin/python") is None
+    finally:
+        pools.stop()
+    assert pools.get(sys.executable) is None and pools.start(sys.executable) is None
+
+
+def test_no_pool_starts_when_warm_processes_are_off(settings):
+    settings.EDT_WARM_PROCESSES = False
+    pools = warm.WarmPools()
+    pools.open()
+    assert pools.start(sys.executable) is None

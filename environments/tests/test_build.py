@@ -9,6 +9,7 @@ for a base that holds torch.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import shutil
@@ -25,6 +26,7 @@ from environments import build
 PRODUCT_PYTHON = str(Path(sys.prefix) / "bin" / "python")
 KEY = "0123456789abcdef" * 4
 ACCOUNT = (200123, 200123)
+OTHER = (200124, 200124)  # another user's job account
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,13 @@ def _owner_folder(root: Path, owner: str = "agent") -> Path:
 
 def _site(folder: Path) -> Path:
     return folder / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+def _purelib(python: str) -> str:
+    import subprocess
+
+    return subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -254,6 +263,17 @@ def test_a_layer_is_built_by_its_owners_account(product):
         assert {(p.lstat().st_uid, p.lstat().st_gid) for p in made} == {ACCOUNT}
         assert "termcolor" in built.installed
         assert _run(built.python, "import termcolor, six", user=ACCOUNT) == ""
+        # Another user's job can neither change this layer nor the base every job imports.
+        targets = [str(_site(folder)), _purelib(PRODUCT_PYTHON)]
+        tries = ("import os\n"
+                 f"for place in {targets!r}:\n"
+                 "    try:\n"
+                 "        open(os.path.join(place, 'planted.pth'), 'x').close()\n"
+                 "        print('wrote', place)\n"
+                 "    except OSError as exc:\n"
+                 "        print('refused', exc.errno)\n")
+        assert _run(PRODUCT_PYTHON, tries, user=OTHER).splitlines() == [
+            f"refused {errno.EACCES}"] * 2
     finally:
         shutil.rmtree(top)
 

@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from runtime.tests.launcher import LocalJob
+from tests.support import wait_until
 
 SCRIPT = str(Path(__file__).with_name("elastic_script.py"))
 REPO = str(Path(__file__).resolve().parents[2])
@@ -36,16 +36,6 @@ def steps(result_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_until(predicate: Callable[[], object], what: str, timeout: float = 90.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def wait_for_step(result_dir: Path, pred: Callable[[dict], bool], what: str,

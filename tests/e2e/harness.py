@@ -17,12 +17,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import connection
+
+from tests.support import wait_until  # noqa: F401  (the e2e tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("points_model.py")
@@ -34,19 +34,6 @@ def database_url() -> str:
         auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
         return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
     return f"sqlite:///{s['NAME']}"
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 60.0,
-               every: float = 0.1, on_fail: Callable[[], str] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            detail = on_fail() if on_fail else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{detail}")
-        time.sleep(every)
 
 
 class Cluster:

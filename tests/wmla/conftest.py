@@ -151,6 +151,10 @@ def cluster_processes(live_server, dl_rest_url, roots):
         "EDT_UPLOAD_ROOT": str(settings.EDT_UPLOAD_ROOT),
         "EDT_CPU_SLOTS": "2",
         "SECRET_KEY": settings.SECRET_KEY,
+        # The environment jobs run in, as the test set it (conftest's ``product`` unless a
+        # test builds ``default``), and where the agent finds it built.
+        "EDT_DEFAULT_ENVIRONMENT": settings.EDT_DEFAULT_ENVIRONMENT,
+        "EDT_ENVIRONMENTS_DIR": str(settings.EDT_ENVIRONMENTS_DIR),
     }
     # The shared fixture's two hosts have no agent behind them: only the real agent's may hold
     # slots here.
