@@ -194,7 +194,8 @@ class JobAccounts:
                 _add_search(folder, target)
         roots = [*python[2:], *settings.EDT_DATA_ROOTS, *settings.EDT_MODEL_ROOTS,
                  settings.EDT_RESULT_ROOT, settings.EDT_UPLOAD_ROOT,
-                 getattr(settings, "EDT_FABRIC_HOME", None)]
+                 getattr(settings, "EDT_FABRIC_HOME", None),
+                 getattr(settings, "EDT_ENVIRONMENTS_DIR", None)]
         for root in filter(None, roots):
             root = Path(os.path.abspath(root))
             for folder in (*reversed(root.parents), root):

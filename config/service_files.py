@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 VAR_MODE = 0o711
@@ -84,6 +84,23 @@ def write_private_once(path: Path, text: str) -> str:
     finally:
         tmp.unlink()
     return text
+
+
+# The settings naming the folders jobs reach by name (data, code, results, uploads, the
+# runtime's fabric folder, the job environments' interpreters): ``secure_var_dir`` leaves them
+# open when they lie under var/.
+JOB_FOLDER_SETTINGS = ("EDT_DATA_ROOTS", "EDT_MODEL_ROOTS", "EDT_RESULT_ROOT", "EDT_UPLOAD_ROOT",
+                       "EDT_FABRIC_HOME", "EDT_ENVIRONMENTS_DIR")
+
+
+def job_folders(setting: Callable[[str], object]) -> list[Path]:
+    """The folders of ``JOB_FOLDER_SETTINGS``, each setting's value read by ``setting``."""
+    folders: list[Path] = []
+    for name in JOB_FOLDER_SETTINGS:
+        value = setting(name)
+        values = value if isinstance(value, list | tuple) else [value]
+        folders.extend(Path(v) for v in values)
+    return folders
 
 
 def secure_var_dir(var: Path, shared: Iterable[Path]) -> None:

@@ -314,8 +314,7 @@ EDT_CPU_ONLY_HIDE_GPUS = env_bool("EDT_CPU_ONLY_HIDE_GPUS", True)
 EDT_DRIVER_HOST = os.environ.get("EDT_DRIVER_HOST", "")
 EDT_FABRIC_HOME = Path(os.environ.get("EDT_FABRIC_HOME", VAR_DIR / "fabric")).resolve()
 # var/ is 0711 and everything in it the service account's alone, but for the folders jobs reach.
-service_files.secure_var_dir(VAR_DIR, [*EDT_DATA_ROOTS, *EDT_MODEL_ROOTS, EDT_RESULT_ROOT,
-                                       EDT_UPLOAD_ROOT, EDT_FABRIC_HOME])
+service_files.secure_var_dir(VAR_DIR, service_files.job_folders(globals().__getitem__))
 EDT_WMLA_TOKEN_TTL_S = env_int("EDT_WMLA_TOKEN_TTL_S", 8 * 3600)  # WMLA's logon tokens: 8 h
 # Request bodies (config.body_limit, before the web server reads them): at most this much, but
 # on the upload views, which take EDT_MAX_UPLOAD_BYTES more. A body let through is spooled by

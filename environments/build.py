@@ -501,7 +501,8 @@ def adopt_base(packages: list[str], folder: Path) -> Built | None:
     except (OSError, ValueError):
         return None
     python = folder / "bin" / "python"
-    if recorded.get("packages") != list(packages) or not python.exists():
+    # The same set, whatever its order (the admin's lines are kept sorted; a caller's may not).
+    if sorted(recorded.get("packages") or []) != sorted(packages) or not python.exists():
         return None
     started = time.monotonic()
     ctx = _Context(_Log(_Sink()), PROBE_TIMEOUT_S, _base_env(), None, str(folder.parent),

@@ -21,7 +21,7 @@ PRODUCT_NAME = "product"
 DEFAULT_PACKAGES = (
     "torch==2.14.1",
     "torchvision==0.29.1",
-    "numpy==2.5.5",
+    "numpy==2.4.6",
     "pandas==3.1.1",
     "pillow==13.0.0",
     "scikit-learn==1.9.1",

@@ -22,8 +22,9 @@ from environments import build
 from environments.spec import DEFAULT_NAME, DEFAULT_PACKAGES
 
 REPO = Path(__file__).resolve().parents[1]
-# Beside the product's own var/; every job account must reach the base's python in it.
-FOLDER = Path(os.environ.get("EDT_TEST_ENVIRONMENTS_DIR", REPO / "var" / "test-environments"))
+# In the checkout, not in var/ (whose entries every process's settings make private but for
+# its own folders): every job account must reach the base's python in it.
+FOLDER = Path(os.environ.get("EDT_TEST_ENVIRONMENTS_DIR", REPO / ".test-environments"))
 BUILD_TIMEOUT_S = 3600.0
 # The one test module that needs it: the run starts the build when it may run that one.
 USERS = ("tests/wmla/test_wmla_default_environment.py",)

@@ -125,7 +125,7 @@ def world(db, tmp_path, settings) -> World:
     host = Host.objects.create(name="cpu-host-1", cpu_slots=4)
     rg = ResourceGroup.objects.create(name="rg", slots_mode="static", static_slots=4)
     ig = InstanceGroup.objects.create(name="ig", resource_group=rg)
-    team = Environment.objects.create(name="team", packages="numpy==2.5.5")
+    team = Environment.objects.create(name="team", packages="numpy==2.4.6")
     Environment.objects.create(name="alice-layer", base=team, owner=alice, key="k" * 64,
                                packages="termcolor")
     return World(

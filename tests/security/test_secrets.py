@@ -125,14 +125,14 @@ def install(root_agent, settings, monkeypatch):
     settings.EDT_RESULT_ROOT = var / "results"
     settings.EDT_UPLOAD_ROOT = var / "uploads"
     settings.EDT_FABRIC_HOME = var / "fabric"
+    settings.EDT_ENVIRONMENTS_DIR = var / "environments"
     # What settings do in every process: var/, the secret key, the database file.
     service_files.var_dir(var)
     service_files.write_private_once(var / "secret_key", SECRET_KEY)
     db = product_settings.database(f"sqlite:///{var / 'db.sqlite3'}")
     call_command("bootstrap", "--demo", stdout=io.StringIO())  # the admin password, demo data
-    service_files.secure_var_dir(var, [*settings.EDT_DATA_ROOTS, *settings.EDT_MODEL_ROOTS,
-                                       settings.EDT_RESULT_ROOT, settings.EDT_UPLOAD_ROOT,
-                                       settings.EDT_FABRIC_HOME])
+    (var / "environments").mkdir(mode=0o755)  # as an agent makes it
+    service_files.secure_var_dir(var, service_files.job_folders(lambda n: getattr(settings, n)))
     # The database in use, as the product opens it: WAL, so a -wal and a -shm file exist.
     conn = sqlite3.connect(db["NAME"], timeout=db["OPTIONS"]["timeout"])
     conn.executescript(db["OPTIONS"]["init_command"])
@@ -228,6 +228,8 @@ def test_a_job_on_a_default_root_agent_reaches_no_secret_and_no_other_users_file
 def test_the_products_own_files_are_private_from_creation(install, settings):
     var = install
     assert var.stat().st_mode & 0o777 == 0o711
+    # Every job account runs the environments' interpreters: their folder stays open.
+    assert (var / "environments").stat().st_mode & 0o777 == 0o755
     for name in ("secret_key", "admin_password", "db.sqlite3", "db.sqlite3-wal",
                  "db.sqlite3-shm"):
         assert (var / name).stat().st_mode & 0o077 == 0, name
