@@ -78,6 +78,11 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def output_captured(self) -> bool:
+        """Whether any line of the process's output reached the job's log as events (the
+        runtime captures it once imported: a script that fails at import never gets there)."""
+        return self.relay is not None and self.relay.log_lines > 0
+
     def wait_events(self, timeout: float = 2.0) -> bool:
         """After the process exited: until its last events are published (True), at most
         ``timeout``, so that they come before whatever the agent says about its end."""

@@ -28,6 +28,7 @@ from agent.processes import LaunchError, spawn
 from agent.quota import ResultsQuota
 from agent.supervisor import HEARTBEAT_S, POLL_S, TERM_GRACE_S, agent_stopping, driver_addr
 from config.control_plane import wake_scheduler
+from config.event_stream import publish
 from jobs import jobfiles, states
 from jobs.lifecycle import job_end, job_fail, job_start, record_event
 from jobs.models import TrainingJob
@@ -339,10 +340,26 @@ _END_ACTIONS: dict[DriverEnd, Callable[[TrainingJob, str, int, int, str], str]] 
 }
 
 
+# The most lines of a failed driver's own output put into the job's log (the traceback).
+UNCAPTURED_LINES = 200
+
+
 def _driver_exited(job_id: int, attempt: int, host_name: str, rc: int, child: Child) -> str:
+    if rc != 0:
+        _log_uncaptured_output(job_id, child)
     end, said = _classify(job_id, rc, child)
     return _on_current_attempt(
         job_id, attempt, lambda job: _END_ACTIONS[end](job, host_name, attempt, rc, said))
+
+
+def _log_uncaptured_output(job_id: int, child: Child) -> None:
+    """A driver that failed before the runtime captured its output (at import: a missing
+    module, a syntax error) left its traceback only in ``log/driver/stdout``: its last lines
+    go to the job's log too, so the log panel and the API show why, not "No output yet"."""
+    if child.output_captured():
+        return
+    for line in child.tail(UNCAPTURED_LINES):
+        publish("log", job_id, "driver", stream="stdout", line=line)
 
 
 def _limit_reached(job_id: int, child: Child) -> str | None:

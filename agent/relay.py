@@ -180,6 +180,7 @@ class Relay:
         self.buckets = {kind: TokenBucket(b) for kind, b in self.limits.burst.items()}
         self.sink: StreamSink | None = None
         self.relayed = 0
+        self.log_lines = 0  # of those, lines of the process's output (``log`` events)
         self.dropped: Counter[str] = Counter()
         # What was dropped since the job's log last said so, and since when.
         self.unreported: Counter[str] = Counter()
@@ -261,6 +262,7 @@ class Relay:
         if self.sink is not None:  # made before the first read
             self.sink.put(json.dumps(self._stamped(event), default=str))
             self.relayed += 1
+            self.log_lines += event["type"] == "log"
 
     def _note_exit(self) -> None:
         """Once the process has exited, the relay reads its pipe for ``DRAIN_S`` more."""

@@ -67,6 +67,13 @@ def _published_states(settings, job_id: int) -> list[tuple[str, str]]:
             if e["type"] == "job.state" and e["job_id"] == job_id]
 
 
+def _published_log_lines(settings, job_id: int) -> list[tuple[str, str]]:
+    entries = redis.Redis.from_url(settings.REDIS_URL).xrange(settings.EDT_EVENTS_STREAM)
+    events = [json.loads(fields[b"data"]) for _, fields in entries]
+    return [(e["source"], e["line"]) for e in events
+            if e["type"] == "log" and e["job_id"] == job_id]
+
+
 def _assert_failed_at_once(job, settings, outcome: str, took: float, *reasons: str) -> None:
     job.refresh_from_db()
     assert outcome == states.FAILED and job.state == states.FAILED, (outcome, job.error)
@@ -215,6 +222,11 @@ def test_a_script_that_cannot_start_fails_the_job_at_once(
     _assert_failed_at_once(job, settings, outcome, took, says)
     # The error names the user's file, never the warm process's or runpy's frames.
     assert "warm.py" not in job.error and "runpy" not in job.error
+    # It failed before the runtime captured its output: the traceback goes to the job's log
+    # all the same (the log panel and the API read those lines), as the driver's.
+    logged = _published_log_lines(settings, job.pk)
+    assert logged and {source for source, _ in logged} == {"driver"}
+    assert any(says in line for _, line in logged), logged
 
 
 @pytest.mark.django_db

@@ -30,12 +30,28 @@
         (this.root.dataset.epochs || "?") + (iteration ? ", iteration " + iteration : ""));
     }
 
-    state(state) {
+    state(state, error) {
       const el = this.root.querySelector("[data-state]");
       if (!el || !state) return;
       el.textContent = state;
       el.className = "state state-" + state.toLowerCase();
-      if (ENDED.includes(state)) { this.ended = true; this._endControls(); }
+      if (ENDED.includes(state)) {
+        this.ended = true;
+        this._endControls();
+        this.text("[data-eta]", "—"); // an ended job has no time left
+      }
+      if (error) this._error(error);
+    }
+
+    /* Why the job failed, under its facts, as the page shows it after a reload. */
+    _error(error) {
+      let pre = this.root.querySelector("pre.error");
+      if (!pre) {
+        pre = document.createElement("pre");
+        pre.className = "error";
+        this.root.querySelector("dl.facts").after(pre);
+      }
+      pre.textContent = error;
     }
 
     /* An ended job takes no more orders: the page that watched it end drops its Stop button,
@@ -160,7 +176,7 @@
       page.metrics.addEpoch(ev, "train");
       page.summary.progress(ev.epoch_shown, null); // "Epoch 20/20 done" beside "epoch 20/20"
     }
-    if (t === "job.state") page.summary.state(ev.state);
+    if (t === "job.state") page.summary.state(ev.state, ev.error);
     if (t === "generation.changed" && Array.isArray(ev.members)) {
       page.log.setRanks(Object.fromEntries(ev.members.map((w, rank) => ["worker:" + w, rank])));
     }
