@@ -81,8 +81,9 @@ class InstanceGroupForm(forms.ModelForm):
     class Meta:
         model = InstanceGroup
         fields = ["name", "resource_group", "policy", "preemption", "reclaim_grace_s",
-                  "default_environment", "allow_model_requirements"]
+                  "default_environment", "allow_model_requirements", "keep_epoch_models"]
         labels = {
+            "keep_epoch_models": "Epochs whose model files each job keeps",
             "default_environment": "Default environment",
             "allow_model_requirements": "Build models' own requirements (requirements.txt)",
             "resource_group": "Resource group for executors (GPU slots)",
@@ -90,6 +91,15 @@ class InstanceGroupForm(forms.ModelForm):
             "preemption": "Enable preemption",
             "reclaim_grace_s": "Reclaim grace period (seconds)",
         }
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # A form (or a script) that leaves it out keeps the group's value (new: the default).
+        self.fields["keep_epoch_models"].required = False
+
+    def clean_keep_epoch_models(self) -> int:
+        value = self.cleaned_data.get("keep_epoch_models")
+        return self.instance.keep_epoch_models if value is None else value
 
 
 class DatasetForm(forms.Form):
@@ -233,7 +243,8 @@ class TrainForm(forms.Form):
     )
     name = name_field(
         "A job's name", required=False,
-        help_text=f"Optional; the model's name. At most {NAME_MAX_LENGTH} characters.",
+        help_text=f"Optional; left blank, the job is named after its model. At most "
+                  f"{NAME_MAX_LENGTH} characters.",
     )
     args = forms.CharField(
         label="Arguments", required=False, strip=False,

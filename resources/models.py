@@ -8,6 +8,7 @@ from django.db import models
 from django.utils import timezone
 
 from resources.names import NAME_MAX_LENGTH
+from runtime.config import KEEP_EPOCH_MODELS
 
 
 class Host(models.Model):
@@ -162,6 +163,12 @@ class InstanceGroup(models.Model):
     allow_model_requirements = models.BooleanField(
         default=True,
         help_text="A model's requirements.txt builds a layer on the environment for its jobs.",
+    )
+    keep_epoch_models = models.PositiveIntegerField(
+        default=KEEP_EPOCH_MODELS,
+        validators=[MaxValueValidator(100_000)],
+        help_text="The epochs whose model files each job keeps (the last ones; 0 keeps every "
+                  "epoch's). A job may set its own with EDT_KEEP_EPOCH_MODELS.",
     )
     created = models.DateTimeField(default=timezone.now)
 

@@ -61,11 +61,12 @@ import torch
 
 from . import events
 from . import state as state_mod
-from .config import attempt_from_environ
+from .config import KEEP_EPOCH_MODELS, attempt_from_environ
 
 STATE_FILE = "edt_state.pth"
 MANIFEST = "manifest.json"
 KEEP = 3  # the latest checkpoint and the two before it
+_EPOCH_MODEL = re.compile(r"^model_epoch_(\d+)(?:_optimizer_state)?\.pth$")
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old is stale even if its writer looks alive
 
@@ -406,10 +407,12 @@ class ResultWriter:
     """Writes a job's results; used by the driver and by standalone training."""
 
     def __init__(self, result_dir: str | None, checkpoint_dir: str | None,
-                 keep: int = KEEP, *, attempt: int | None = None) -> None:
+                 keep: int = KEEP, *, attempt: int | None = None,
+                 keep_epoch_models: int = KEEP_EPOCH_MODELS) -> None:
         self.result_dir = result_dir
         self.checkpoint_dir = checkpoint_dir
         self.keep = max(1, keep)
+        self.keep_epoch_models = max(0, keep_epoch_models)
         # The job attempt this process belongs to (``EDT_ATTEMPT`` by default): its writes
         # are refused once the agent has started a newer one (see ``fenced``).
         self.attempt = attempt if attempt is not None else attempt_from_environ()
@@ -450,6 +453,7 @@ class ResultWriter:
             return None
         try:
             self._save_model_files(st, str(epoch))
+            self._prune_epoch_models()
         except OSError as exc:
             _say(f"could not save model_epoch_{epoch} files: {exc}")
             events.emit("checkpoint.failed", path=self.train_model_dir, epoch=epoch,
@@ -549,6 +553,28 @@ class ResultWriter:
         atomic_write(model_path, _torch_bytes(st["model"]))
         atomic_write(opt_path, _torch_bytes(st["optimizer"]))
         return [model_path, opt_path]
+
+
+    def _prune_epoch_models(self) -> list[str]:
+        """Remove the per-epoch model files beyond the last ``keep_epoch_models`` epochs (a
+        long run's results stay small); returns the names removed. This process writes the
+        folder as the job's own account: nobody else's files are in it."""
+        folder = self.train_model_dir
+        if not folder or not self.keep_epoch_models:
+            return []
+        found: dict[int, list[str]] = {}
+        for name in os.listdir(folder):
+            m = _EPOCH_MODEL.match(name)
+            if m:
+                found.setdefault(int(m.group(1)), []).append(name)
+        old = sorted(found)[:-self.keep_epoch_models]
+        removed = [name for epoch in old for name in found[epoch]]
+        for name in removed:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+        return removed
 
 
 def _seq(name: str) -> int:

@@ -71,6 +71,10 @@ from enum import StrEnum
 
 DRIVER_EXIT_STOPPED = 5
 DRIVER_EXIT_FAILED = 6
+# The per-epoch model files (model/train/model_epoch_<N>.pth and its optimizer state) kept by
+# default: the last five epochs' (EDT_KEEP_EPOCH_MODELS; 0 keeps every epoch's). The final
+# model and the resume checkpoints (checkpoint/, runtime.checkpoint.KEEP) are kept apart.
+KEEP_EPOCH_MODELS = 5
 
 
 class DriverState(StrEnum):
@@ -134,6 +138,7 @@ class JobEnv:
     saved_model_dir: str | None
     attempt: int | None = None
     secret: str = field(default="", repr=False)
+    keep_epoch_models: int = KEEP_EPOCH_MODELS
 
     def connect_timeout_s(self, world: int) -> float:
         """The timeout gloo is given for each connection as a generation of ``world`` forms.
@@ -178,6 +183,7 @@ class JobEnv:
             saved_model_dir=saved_model_dir,
             attempt=attempt_from_environ(),
             secret=env.get("EDT_JOB_SECRET", ""),
+            keep_epoch_models=max(0, _int("EDT_KEEP_EPOCH_MODELS", KEEP_EPOCH_MODELS)),
         )
 
 

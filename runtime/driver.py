@@ -71,7 +71,7 @@ class Driver:
         self.env = env
         self.logger = logger if logger is not None else ELogLogger(env.result_dir)
         self.cfg = cfg
-        self.results = Results(env.result_dir, env.checkpoint_dir)
+        self.results = Results(env.result_dir, env.checkpoint_dir, env.keep_epoch_models)
         self.done = threading.Event()
         self.outcome = DriverState.RUNNING
         self.error: str | None = None

@@ -116,7 +116,7 @@ class StandaloneMembership(Membership):
         state.has_state = True  # its own fresh weights, or its checkpoint's
         self.reports = Reports(driver_logger or ELogLogger(env.result_dir),
                                env.metrics_interval_s)
-        self.results = Results(env.result_dir, env.checkpoint_dir)
+        self.results = Results(env.result_dir, env.checkpoint_dir, env.keep_epoch_models)
 
     def start(self, on_regroup: Callable[[], None]) -> None:
         blob = checkpoint.load_latest(self.env.checkpoint_dir)

@@ -8,13 +8,16 @@ and announce each file written (``checkpoint.saved``, ``model.saved``).
 from __future__ import annotations
 
 from . import checkpoint, events
+from .config import KEEP_EPOCH_MODELS
 
 
 class Results:
     """A job's checkpoints, final model and ONNX file."""
 
-    def __init__(self, result_dir: str | None, checkpoint_dir: str | None) -> None:
-        self.writer = checkpoint.ResultWriter(result_dir, checkpoint_dir)
+    def __init__(self, result_dir: str | None, checkpoint_dir: str | None,
+                 keep_epoch_models: int = KEEP_EPOCH_MODELS) -> None:
+        self.writer = checkpoint.ResultWriter(result_dir, checkpoint_dir,
+                                              keep_epoch_models=keep_epoch_models)
 
     def save_checkpoint(self, blob: bytes) -> None:
         manifest = self.writer.save_checkpoint(blob)

@@ -81,6 +81,7 @@ def test_it_runs_user_code_in_a_child_with_a_scrubbed_environment(job, script, s
     assert "EDT_EVENTS_REDIS_URL" not in env and env["EDT_EVENTS_FD"] and env["MY_FLAG"] == "on"
     assert env["RESULT_DIR"] == job.result_dir == seen["cwd"] == env["HOME"]
     assert env["DATA_DIR"] and env["TRAIN_DATA_DIR"].endswith("train_db")
+    assert env["EDT_KEEP_EPOCH_MODELS"] == "5"  # the instance group's retention
     assert seen["argv"][1:] == ["--lr", "0.1"]
     job.refresh_from_db()
     assert job.state == states.FINISHED

@@ -204,6 +204,30 @@ def test_patch_changes_the_priority(api, owner, job):
     assert response.json()["priority"] == 10000
 
 
+def test_patch_changes_max_workers_alone_and_a_started_job_only_downwards(api, owner, job):
+    response = api(owner).patch(f"/api/v1/jobs/{job.pk}/", {"max_workers": 3}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["max_workers"] == 3 and response.json()["priority"] == 5000
+    assert job.events.filter(type="job.max_workers").exists()
+    TrainingJob.objects.filter(pk=job.pk).update(attempt=1, state="RUNNING")  # launched
+    response = api(owner).patch(f"/api/v1/jobs/{job.pk}/", {"max_workers": 8}, format="json")
+    assert response.status_code == 400 and "only go down" in response.json()["max_workers"][0]
+    both = {"max_workers": 2, "priority": 9000}
+    assert api(owner).patch(f"/api/v1/jobs/{job.pk}/", both, format="json").json()[
+        "max_workers"] == 2
+    job.refresh_from_db()
+    assert (job.max_workers, job.priority) == (2, 9000)
+
+
+@pytest.mark.parametrize("body", [{}, {"name": "renamed"}, {"max_workers": 0}])
+def test_patch_says_what_it_cannot_change(api, owner, job, body):
+    response = api(owner).patch(f"/api/v1/jobs/{job.pk}/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert set(response.json()) <= {"non_field_errors", "name", "max_workers"}
+    job.refresh_from_db()
+    assert (job.max_workers, job.name) != (0, "renamed")
+
+
 @pytest.mark.parametrize("priority", [0, 10001, "high", None])
 def test_patch_refuses_a_bad_priority(api, owner, job, priority):
     response = api(owner).patch(f"/api/v1/jobs/{job.pk}/", {"priority": priority}, format="json")
@@ -369,3 +393,13 @@ def test_deleting_an_ended_job_removes_its_result_folder(api, owner, job,
         assert api(owner).delete(f"/api/v1/jobs/{job.pk}/").status_code == 204
     assert not TrainingJob.objects.filter(pk=job.pk).exists()
     assert not folder.exists()
+
+
+@pytest.mark.parametrize(("value", "status"), [(3, 200), (0, 200), (2**40, 400), (-1, 400)])
+def test_an_instance_groups_retention_is_set_within_bounds(api, admin, cluster, value, status):
+    group = cluster["instance_group"]
+    response = api(admin).patch(f"/api/v1/instance-groups/{group.pk}/",
+                                {"keep_epoch_models": value}, format="json")
+    assert response.status_code == status, response.json()
+    group.refresh_from_db()
+    assert group.keep_epoch_models == (value if status == 200 else 5)

@@ -96,6 +96,30 @@ def test_it_writes_checkpoints_atomically_and_ignores_corrupt_ones(tmp_path: Pat
     assert load_latest(str(tmp_path / "checkpoint")) is None
 
 
+def test_a_400_epoch_run_keeps_the_last_five_epochs_model_files_and_its_final_model(
+        tmp_path: Path) -> None:
+    model, opt = _model_and_opt()
+    writer = ResultWriter(str(tmp_path), str(tmp_path / "checkpoint"))
+    for epoch in range(1, 401):
+        writer.save_checkpoint(dumps(snapshot(model, opt, Position(epoch=epoch))))
+    writer.save_final(dumps(snapshot(model, opt, Position(epoch=400))))
+    kept = sorted(os.listdir(tmp_path / "model" / "train"))
+    epochs = sorted({int(n.split("_")[2].removesuffix(".pth")) for n in kept
+                     if n.split("_")[2].removesuffix(".pth").isdigit()})
+    assert epochs == [396, 397, 398, 399, 400]  # KEEP_EPOCH_MODELS, model and optimizer each
+    assert len(kept) == 2 * 5 + 2 and "model_epoch_final.pth" in kept
+    # The resume checkpoints are bounded on their own (the latest and the two before).
+    assert len([n for n in os.listdir(tmp_path / "checkpoint") if n.endswith(".pth")]) == 3
+
+
+def test_keeping_every_epochs_model_files_is_a_setting(tmp_path: Path) -> None:
+    model, opt = _model_and_opt()
+    writer = ResultWriter(str(tmp_path), str(tmp_path / "checkpoint"), keep_epoch_models=0)
+    for epoch in range(1, 9):
+        writer.save_checkpoint(dumps(snapshot(model, opt, Position(epoch=epoch))))
+    assert len(os.listdir(tmp_path / "model" / "train")) == 2 * 8
+
+
 def test_it_writes_events_to_the_log_dir_and_redis(tmp_path: Path, monkeypatch) -> None:
     redis = pytest.importorskip("redis")
     client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
