@@ -359,6 +359,15 @@ def job_log(*, job: TrainingJob, source: str = "", limit: int = 200) -> list[dic
     return logs.read_log(job.result_dir, source=source, limit=limit)
 
 
+def job_log_page(*, job: TrainingJob, offset: int = 0, limit: int = 500, source: str = "",
+                 query: str = "") -> tuple[list[dict[str, Any]], int | None]:
+    """A page of the job's whole log from ``offset`` (``events.logs.read_log_from``)."""
+    if not job.result_dir:
+        return [], None
+    return logs.read_log_from(job.result_dir, offset=offset, limit=limit, source=source,
+                              query=query)
+
+
 def job_log_sources(*, job: TrainingJob) -> list[str]:
     return logs.log_sources(job.result_dir) if job.result_dir else []
 

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
-from console import compare, environments, job_files, objects, users, views
+from console import compare, environments, job_files, job_log, objects, users, views
 
 register_converter(job_files.ResultPath, "result_path")
 
@@ -44,6 +44,7 @@ urlpatterns = [
     path("jobs/compare/", compare.jobs_compare, name="jobs-compare"),
     path("jobs/<int:pk>/", views.job_detail, name="job"),
     path("jobs/<int:pk>/history.json", views.job_history, name="job-history"),
+    path("jobs/<int:pk>/log/", job_log.job_log_page, name="job-whole-log"),
     path("jobs/<int:pk>/priority/", views.job_priority, name="job-priority"),
     path("jobs/<int:pk>/stop/", views.job_stop, name="job-stop"),
     path("jobs/<int:pk>/delete/", objects.job_delete, name="job-delete"),

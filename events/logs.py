@@ -183,6 +183,35 @@ def read_log(result_dir: str, *, source: str = "", limit: int = 200) -> list[dic
     return out
 
 
+# A search reads at most this much of the file a call, then says where to go on from: one
+# request never reads a huge log whole.
+SCAN_BYTES = 32 << 20
+
+
+def read_log_from(result_dir: str, *, offset: int = 0, limit: int = 500, source: str = "",
+                  query: str = "") -> tuple[list[dict[str, Any]], int | None]:
+    """A page of the whole log, oldest first: from byte ``offset`` (a line's start, as this
+    function returns them) at most ``limit`` records of ``source`` (all when empty) whose line
+    holds ``query`` (case-insensitive); and the offset of the next page, None at the end."""
+    fh = _open_for_reading(result_dir)
+    if fh is None:
+        return [], None
+    needle = query.casefold()
+    out: list[dict[str, Any]] = []
+    with fh:
+        fh.seek(offset)
+        scanned = 0
+        for raw in iter(fh.readline, b""):
+            scanned += len(raw)
+            record = _parse_line(raw)
+            if (record is not None and (not source or record.get("source") == source)
+                    and needle in str(record.get("line", "")).casefold()):
+                out.append(record)
+            if len(out) >= limit or scanned >= SCAN_BYTES:
+                return out, fh.tell()
+    return out, None
+
+
 def log_sources(result_dir: str) -> list[str]:
     """Sources seen in the recent log (for the driver/worker filter)."""
     seen = {record["source"] for record in read_log(result_dir, limit=2000)}

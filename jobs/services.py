@@ -208,6 +208,33 @@ def job_set_priority(*, job: TrainingJob, priority: int, user) -> TrainingJob:
     return job
 
 
+def job_set_max_workers(*, job: TrainingJob, max_workers: int, user) -> TrainingJob:
+    """The most slots the scheduler may give ``job`` from now on. Before its first launch
+    any value within the bounds; once launched only a lower one: its runtime admits at most
+    the workers it was started with, and planned its batches for them (train again to go
+    higher)."""
+    if job.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("Only an admin can change another user's job.")
+    max_workers = validate_max_workers(max_workers)
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if job.is_terminal:
+            raise ValidationError({"max_workers": [f"Job {job.pk} is {job.state}: it has "
+                                                   "ended."]})
+        if job.attempt and max_workers > job.max_workers:
+            raise ValidationError({"max_workers": [
+                f"Job {job.pk} was started with at most {job.max_workers} workers; a running "
+                "job's max workers can only go down. Train again for more."]})
+        if job.max_workers == max_workers:
+            return job
+        old, job.max_workers = job.max_workers, max_workers
+        job.save(update_fields=["max_workers"])
+        record_event(job, "job.max_workers", f"Max workers {old} -> {max_workers}",
+                     source=user.get_username())
+        wake_scheduler("job.max_workers", job=job.pk)
+    return job
+
+
 def jobs_reorder(*, user, job_ids: list[int]) -> list[TrainingJob]:
     """Give the listed jobs priorities that preserve the order shown (first = highest).
 

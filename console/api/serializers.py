@@ -71,6 +71,7 @@ class InstanceGroupSerializer(serializers.ModelSerializer):
             "reclaim_grace_s",
             "default_environment",
             "allow_model_requirements",
+            "keep_epoch_models",
             "created",
         ]
         read_only_fields = ["created"]
@@ -233,9 +234,44 @@ class JobSubmitSerializer(serializers.Serializer):
 
 
 class JobPrioritySerializer(serializers.Serializer):
+    """What a PATCH of a job changes: its priority, its max workers, or both."""
+
     priority = serializers.IntegerField(
-        min_value=priority_bounds.MIN, max_value=priority_bounds.MAX
+        min_value=priority_bounds.MIN, max_value=priority_bounds.MAX, required=False
     )
+    max_workers = serializers.IntegerField(min_value=1, required=False)
+
+    def validate(self, attrs: dict) -> dict:
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                {name: ["This field cannot be changed here."] for name in unknown})
+        if not attrs:
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Give priority, max_workers or both."]})
+        return attrs
+
+
+class JobLogQuerySerializer(serializers.Serializer):
+    offset = serializers.IntegerField(min_value=0, default=0, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=5000, default=500, required=False)
+    source = serializers.CharField(max_length=200, default="", required=False,
+                                   allow_blank=True)
+    q = serializers.CharField(max_length=200, default="", required=False, allow_blank=True,
+                              trim_whitespace=False, source="query")
+
+
+class JobLogLineSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    ts = serializers.FloatField()
+    source = serializers.CharField()
+    stream = serializers.CharField()
+    line = serializers.CharField(allow_blank=True)
+
+
+class JobLogSerializer(serializers.Serializer):
+    lines = JobLogLineSerializer(many=True)
+    next = serializers.IntegerField(allow_null=True)
 
 
 class JobReorderSerializer(serializers.Serializer):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from django.contrib.auth import authenticate
+from django.db import transaction
 from django.db.models import ProtectedError, Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -13,6 +14,7 @@ from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.response import Response
 
 from config.ownership import is_admin
+from console import selectors
 from console.api import serializers as s
 from console.api.errors import call_service
 from console.api.idempotency import IDEMPOTENCY_KEY, idempotency_key, request_fingerprint
@@ -260,16 +262,19 @@ class JobViewSet(
 
     @extend_schema(request=s.JobPrioritySerializer, responses={200: s.JobSerializer})
     def partial_update(self, request, pk=None):
-        """Change the priority (1..10000); the scheduler re-decides at once."""
+        """Change the priority (1..10000) and/or the max workers (a started job's only
+        lower); the scheduler re-decides at once."""
         job = self.get_object()
         form = s.JobPrioritySerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        call_service(
-            job_services.job_set_priority,
-            job=job,
-            priority=form.validated_data["priority"],
-            user=request.user,
-        )
+        changes = form.validated_data
+        with transaction.atomic():
+            if "max_workers" in changes:
+                call_service(job_services.job_set_max_workers, job=job,
+                             max_workers=changes["max_workers"], user=request.user)
+            if "priority" in changes:
+                call_service(job_services.job_set_priority, job=job,
+                             priority=changes["priority"], user=request.user)
         return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
     def destroy(self, request, pk=None):
@@ -322,6 +327,18 @@ class JobViewSet(
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):
         return self._paged(self.get_object().events.order_by("ts", "id"), s.JobEventSerializer)
+
+    @extend_schema(parameters=[s.JobLogQuerySerializer], responses={200: s.JobLogSerializer})
+    @action(detail=True, methods=["get"], pagination_class=None)  # pages by byte offset
+    def log(self, request, pk=None):
+        """The job's whole log a page at a time, oldest first: from byte ``offset`` (``next``
+        of the previous page; 0 at the start), optionally one ``source`` (``driver``,
+        ``worker:<id>``) and the lines holding ``q``. ``next`` is null at the end."""
+        job = self.get_object()
+        form = s.JobLogQuerySerializer(data=request.query_params)
+        form.is_valid(raise_exception=True)
+        lines, after = selectors.job_log_page(job=job, **form.validated_data)
+        return Response({"lines": lines, "next": after})
 
     def _paged(self, queryset, serializer_class):
         page = self.paginate_queryset(queryset)

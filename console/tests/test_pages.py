@@ -361,3 +361,65 @@ def test_a_gpu_hosts_slots_are_its_gpus_and_any_static_slot_held_past_them(owner
     assert [(s.index, s.gpu.uuid if s.gpu else None) for s in row["slots"]] == [
         (0, "GPU-0"), (1, "GPU-1"), (2, None)]
     assert row["slots"][2].job == job and row["held"] == 1
+
+
+def test_favicon_ico_answers_for_browsers_and_tools_that_ask_for_it(client):
+    response = client.get("/favicon.ico")
+    assert response.status_code == 301
+    assert response["Location"].endswith("/static/console/favicon.svg")
+
+
+def test_a_refused_request_is_one_line_in_the_log_without_a_traceback(signed_in, caplog):
+    with caplog.at_level("WARNING", logger="django.request"):
+        response = signed_in.get(reverse("resource-group-new"))  # admins only
+    assert response.status_code == 403
+    refused = [r for r in caplog.records if r.name == "django.request"]
+    assert refused and all(r.exc_info is None for r in refused), refused
+    assert "Forbidden" in refused[0].getMessage()
+
+
+def test_the_models_list_names_each_models_owner_for_an_admin_only(client, admin,
+                                                                     owner, model_def):
+    client.force_login(admin)
+    page = client.get(reverse("models")).content.decode()
+    assert "<th>Owner</th>" in page and f"<td>{owner.username}</td>" in page
+    client.force_login(owner)
+    assert "<th>Owner</th>" not in client.get(reverse("models")).content.decode()
+
+
+def _log_lines(job, count: int) -> None:
+    from events.ingest import ingest
+
+    for i in range(count):
+        ingest({"type": "log", "job_id": job.pk, "source": "driver", "ts": 1.0 + i,
+                "stream": "stdout", "line": f"line {i}"}, stream_id=f"{i + 1}-0")
+
+
+def test_the_whole_log_page_starts_at_the_first_line_and_pages_on(signed_in, job, tmp_path,
+                                                                  settings):
+    job.result_dir = str(tmp_path / "job-result")
+    job.save()
+    _log_lines(job, 700)
+    page = signed_in.get(reverse("job-whole-log", args=[job.pk]))
+    text = page.content.decode()
+    assert ">[driver]</span> line 0<" in text and ">[driver]</span> line 499<" in text
+    assert ">[driver]</span> line 500<" not in text
+    following = page.context["next_offset"]
+    text = signed_in.get(reverse("job-whole-log", args=[job.pk]), {"offset": following}).content
+    assert b"line 699" in text and b"Next page" not in text
+    searched = signed_in.get(reverse("job-whole-log", args=[job.pk]), {"q": "line 12"}).context
+    assert [r["line"] for r in searched["lines"]] == ["line 12"] + [f"line {n}" for n in
+                                                                    range(120, 130)]
+
+
+def test_the_whole_log_is_its_owners_alone_and_also_over_the_api(client, other, api, owner,
+                                                                 job, tmp_path):
+    job.result_dir = str(tmp_path / "job-result")
+    job.save()
+    _log_lines(job, 3)
+    client.force_login(other)
+    assert client.get(reverse("job-whole-log", args=[job.pk])).status_code == 404
+    body = api(owner).get(f"/api/v1/jobs/{job.pk}/log/", {"q": "line 2"}).json()
+    assert [r["line"] for r in body["lines"]] == ["line 2"] and body["next"] is None
+    assert api(other).get(f"/api/v1/jobs/{job.pk}/log/").status_code == 404
+    assert api(owner).get(f"/api/v1/jobs/{job.pk}/log/", {"offset": -1}).status_code == 400

@@ -19,7 +19,7 @@ from django.conf import settings as django_settings
 from config import control_plane
 from config.event_stream import publish
 from events.ingest import clear_caches, ingest, ingest_many
-from events.logs import log_sources, read_log, read_log_after
+from events.logs import log_sources, read_log, read_log_after, read_log_from
 from events.management.commands import run_events
 from events.management.commands.run_events import Command, StreamReader
 from jobs import states
@@ -123,6 +123,24 @@ def test_log_lines_go_to_the_jobs_log_file_once(job):
     assert log_sources(job.result_dir) == ["driver", "worker:h1-0", "worker:h1-1"]
 
 
+def test_the_whole_log_reads_in_pages_from_the_start_and_is_searched_past_the_tail(job):
+    for i in range(1200):
+        ingest({"type": "log", "job_id": job.pk, "source": f"worker:h1-{i % 2}", "ts": 1.0 + i,
+                "stream": "stdout", "line": f"step {i}" + (" NaN loss" if i == 7 else "")},
+               stream_id=f"{i + 1}-0")
+    first, after = read_log_from(job.result_dir, limit=500)
+    assert [r["line"] for r in first[:2]] == ["step 0", "step 1"] and len(first) == 500
+    second, after2 = read_log_from(job.result_dir, offset=after, limit=500)
+    assert second[0]["line"] == "step 500"
+    last, end = read_log_from(job.result_dir, offset=after2, limit=500)
+    assert len(last) == 200 and end is None
+    # A search finds a line far before the last 200 the job page shows; per worker too.
+    found, _ = read_log_from(job.result_dir, query="nan LOSS")
+    assert [r["line"] for r in found] == ["step 7 NaN loss"]
+    odd, _ = read_log_from(job.result_dir, source="worker:h1-1", limit=3)
+    assert [r["line"] for r in odd] == ["step 1", "step 3", "step 5"]
+
+
 def test_a_link_planted_in_place_of_the_log_is_never_followed(job, tmp_path):
     """The job's own account owns its log folder: a link it leaves there must make the
     console neither show another file nor write into it."""
@@ -133,6 +151,7 @@ def test_a_link_planted_in_place_of_the_log_is_never_followed(job, tmp_path):
     (folder / "console.jsonl").symlink_to(secret)
     assert read_log(job.result_dir) == []
     assert read_log_after(job.result_dir, (0, 0), 10) == ([], False)
+    assert read_log_from(job.result_dir) == ([], None)
     clear_caches()
     assert ingest({"type": "log", "job_id": job.pk, "source": "driver", "ts": 1.0,
                           "line": "mine"}, stream_id="5-0")
