@@ -413,5 +413,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"uvicorn": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "filters": {"client_errors": {"()": "config.log_filters.ClientErrorsWithoutTraceback"}},
+    "loggers": {"uvicorn": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"},
+                "django.request": {"filters": ["client_errors"]}},
 }

@@ -80,7 +80,9 @@
         x: { type: "linear", title: { display: true, text: x } },
         y: { title: { display: !!y, text: y || "" } },
         y2: { position: "right", display: "auto", grid: { drawOnChartArea: false },
-              title: { display: !!y2, text: y2 || "" } },
+              title: { display: !!y2, text: y2 || "" },
+              // A count of workers is whole: no 3.75 between 3 and 4.
+              ticks: y2 === "workers" ? { precision: 0 } : {} },
       },
       plugins: {
         legend: { position: "bottom" },
