@@ -296,13 +296,25 @@ class TrainForm(forms.Form):
         # The service enforces the limit; the browser hint just saves a round trip.
         self.fields["max_workers"].widget.attrs["max"] = settings.EDT_MAX_WORKERS_LIMIT
         chosen = self.initial.get("model") or models.first()
-        if chosen is not None and not self.is_bound:
+        if chosen is not None and not self.is_bound and "hyper_parameters_of" not in self.initial:
             self.initial.update(self.hp_initial(chosen))
 
+    @classmethod
+    def again_initial(cls, job) -> dict:
+        """The form filled as ``job`` was started ("Train again with changes"): its model,
+        instance group, sizes, priority, arguments, variables and the hyper-parameters it
+        ran with."""
+        initial = cls.hp_initial(job.model, job.hyper_parameters)
+        initial.update(
+            model=job.model, instance_group=job.instance_group, max_workers=job.max_workers,
+            devices_per_worker=job.devices_per_worker, priority=job.priority, args=job.args,
+            env_vars="\n".join(f"{k}={v}" for k, v in (job.env_vars or {}).items()))
+        return initial
+
     @staticmethod
-    def hp_initial(model: ModelDefinition) -> dict:
-        """The hyper-parameter fields filled with ``model``'s values."""
-        hp = model.hyper_parameters or {}
+    def hp_initial(model: ModelDefinition, hp: dict | None = None) -> dict:
+        """The hyper-parameter fields filled with ``hp`` (by default ``model``'s values)."""
+        hp = (model.hyper_parameters if hp is None else hp) or {}
         initial = {key: hp.get(key) for key in HP_FIELDS}
         initial["optimizer"] = initial["optimizer"] or ""
         initial["other_hyper_parameters"] = other_hp_text(hp)

@@ -247,6 +247,9 @@ def train(request: HttpRequest, model_id: int | None = None) -> HttpResponse:
         initial["model"] = get_object_or_404(models, pk=model_id)
     if len(groups) == 1:
         initial["instance_group"] = groups[0]
+    again = _picked(selectors.jobs_for_user(user=request.user), request.GET.get("again"))
+    if again is not None and request.method == "GET":
+        initial.update(forms.TrainForm.again_initial(again))
     form = forms.TrainForm(request.POST or None, initial=initial, models=models)
     if request.method == "POST" and form.is_valid():
         try:

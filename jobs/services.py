@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -73,6 +75,30 @@ def _environment(model, instance_group) -> Environment:
             "instance group's default environment."]}) from None
 
 
+def every_check(**checks: Callable[[], Any]) -> dict[str, Any]:
+    """Each check's result, by name; when any fails, one ValidationError holding every
+    failure: the checks do not depend on each other, and whoever submitted (a form, a script)
+    mends everything in one round instead of meeting one error per submit."""
+    results: dict[str, Any] = {}
+    errors: dict[str, list] = {}
+    for key, check in checks.items():
+        try:
+            results[key] = check()
+        except ValidationError as exc:
+            exc.update_error_dict(errors)
+    if errors:
+        raise ValidationError(errors)
+    return results
+
+
+def _run_hyper_parameters(model, hyper_parameters: object) -> dict:
+    """The run's hyper-parameters: the model's, with the submitted ones over them."""
+    if hyper_parameters not in (None, "") and not isinstance(hyper_parameters, dict):
+        validate_hyper_parameters(hyper_parameters)  # says what is wrong with it
+    return validate_hyper_parameters({**(model.hyper_parameters or {}),
+                                      **(hyper_parameters or {})})
+
+
 def job_submit(
     *,
     user,
@@ -93,14 +119,16 @@ def job_submit(
     ``submit_key`` is kept under a unique constraint: see ``job_submit_once``."""
     if model.owner_id != user.id and not is_admin(user):
         raise PermissionDenied("You can only train your own models.")
-    validate_max_workers(max_workers)
-    validate_max_workers(devices_per_worker, field="devices_per_worker")
-    name = validate_job_name(name)
-    words = validate_args(args)
-    env = validate_env_vars(env_vars)
-    if hyper_parameters not in (None, "") and not isinstance(hyper_parameters, dict):
-        validate_hyper_parameters(hyper_parameters)  # says what is wrong with it
-    hp = validate_hyper_parameters({**(model.hyper_parameters or {}), **(hyper_parameters or {})})
+    checked = every_check(
+        max_workers=lambda: validate_max_workers(max_workers),
+        devices_per_worker=lambda: validate_max_workers(devices_per_worker,
+                                                        field="devices_per_worker"),
+        name=lambda: validate_job_name(name),
+        words=lambda: validate_args(args),
+        env=lambda: validate_env_vars(env_vars),
+        hp=lambda: _run_hyper_parameters(model, hyper_parameters),
+    )
+    name, words, env, hp = checked["name"], checked["words"], checked["env"], checked["hp"]
     validate_command_line(words, env, hp)
     # The model's folder may have changed since it was registered (a link planted since, a row
     # older than the per-user rule): where it is and what the agent would run are checked now.

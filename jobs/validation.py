@@ -128,19 +128,28 @@ def validate_env_vars(env_vars: object) -> dict[str, str]:
     if len(env_vars) > ENV_COUNT_MAX:
         raise ValidationError({"env_vars": f"At most {ENV_COUNT_MAX} environment variables."})
     clean: dict[str, str] = {}
+    problems: list[str] = []
     for name, value in env_vars.items():
-        name = _env_name(name)
-        if not isinstance(value, str | int | float | bool):
-            raise ValidationError({"env_vars": f"The value of '{name}' must be a string."})
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValidationError({"env_vars": f"The value of '{name}' is not a finite number."})
-        text = str(value)
-        if len(name) + 1 + _nbytes(text, "env_vars", f"The value of '{name}'") > STRING_MAX:
-            raise ValidationError(
-                {"env_vars": f"'{name}' is longer than {STRING_MAX} bytes: pass it in a file."}
-            )
-        clean[name] = text
+        try:
+            clean[_env_name(name)] = _env_value(name, value)
+        except ValidationError as exc:
+            problems += exc.message_dict["env_vars"]
+    if problems:  # every bad variable at once, not one per submit
+        raise ValidationError({"env_vars": problems})
     return clean
+
+
+def _env_value(name: str, value: object) -> str:
+    if not isinstance(value, str | int | float | bool):
+        raise ValidationError({"env_vars": f"The value of '{name}' must be a string."})
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValidationError({"env_vars": f"The value of '{name}' is not a finite number."})
+    text = str(value)
+    if len(name) + 1 + _nbytes(text, "env_vars", f"The value of '{name}'") > STRING_MAX:
+        raise ValidationError(
+            {"env_vars": f"'{name}' is longer than {STRING_MAX} bytes: pass it in a file."}
+        )
+    return text
 
 
 def validate_command_line(words: list[str], env: dict[str, str], hyper_parameters: dict) -> None:

@@ -423,3 +423,33 @@ def test_the_whole_log_is_its_owners_alone_and_also_over_the_api(client, other, 
     assert [r["line"] for r in body["lines"]] == ["line 2"] and body["next"] is None
     assert api(other).get(f"/api/v1/jobs/{job.pk}/log/").status_code == 404
     assert api(owner).get(f"/api/v1/jobs/{job.pk}/log/", {"offset": -1}).status_code == 400
+
+
+def test_the_train_form_says_every_problem_in_one_round(signed_in, model_def, cluster):
+    response = signed_in.post(reverse("train"), _train_post(
+        model_def, cluster, max_workers=1_000_000, args="--name 'unclosed",
+        env_vars="LD_PRELOAD=/tmp/x.so\nPATH=/tmp\n1BAD=x"))
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert {"max_workers", "args", "env_vars"} <= set(errors), errors
+    assert len(errors["env_vars"]) == 3, errors["env_vars"]  # each bad variable named
+    assert not TrainingJob.objects.exists()
+
+
+def test_train_again_fills_the_form_as_the_job_was_started(signed_in, other, client, job):
+    job.hyper_parameters = {"epochs": 7, "batch_size": 32, "dropout": 0.3}
+    job.max_workers, job.priority, job.args = 3, 7000, "--lr 0.5"
+    job.env_vars = {"MY_FLAG": "on"}
+    job.save()
+    page = signed_in.get(reverse("job", args=[job.pk])).content.decode()
+    again = reverse("model-train", args=[job.model_id]) + f"?again={job.pk}"
+    assert again in page
+    form = signed_in.get(again).context["form"]
+    assert (form["epochs"].value(), form["batch_size"].value()) == (7, 32)
+    assert form["other_hyper_parameters"].value() == "dropout=0.3"
+    assert (form["max_workers"].value(), form["priority"].value()) == (3, 7000)
+    assert (form["args"].value(), form["env_vars"].value()) == ("--lr 0.5", "MY_FLAG=on")
+    # Another user's job fills nothing (it is not theirs to see).
+    client.force_login(other)
+    assert client.get(reverse("train") + f"?again={job.pk}").context["form"][
+        "args"].value() in (None, "")
