@@ -58,8 +58,12 @@ def _lock(environment: Environment) -> threading.Lock:
 
 
 def environment_of(job: TrainingJob) -> Environment:
-    """The environment chosen for ``job`` at submit (or now, for a job from before)."""
-    return job.environment or environment_for(job.model, job.instance_group)
+    """The base environment chosen for ``job`` at submit (or now, for a job from before).
+    Once a layer of the model's requirements was built for it, the job's row names the layer
+    (for its page): its other processes start from the layer's base, and find the layer by
+    its key, never build a layer on the layer."""
+    environment = job.environment or environment_for(job.model, job.instance_group)
+    return environment.base if environment.is_layer else environment
 
 
 def job_python(job: TrainingJob, environment: Environment, host: str, user: RunAs | None,

@@ -98,10 +98,11 @@ def test_a_models_requirements_make_a_layer_of_its_owner_built_as_that_account(
     # The owner's folder of layers is the owner's; a second job of the same set reuses it.
     assert os.stat(Path(python).parents[2]).st_uid == (alice.uid if os.geteuid() == 0
                                                        else os.geteuid())
-    job.environment = vision
-    job.save()
+    # The job's other processes (its workers) read its row, which names the layer now: they
+    # get the same layer, never a layer built on the layer.
     assert _python(job, user=alice)[0] == python
     assert [c[0] for c in builds.calls] == ["base", "layer"]
+    assert Environment.objects.filter(base__isnull=False).count() == 1
 
 
 def test_a_layer_that_cannot_be_built_fails_with_the_installers_message(job, builds, vision):
