@@ -26,15 +26,13 @@ class LogPageForm(forms.Form):
 def job_log_page(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(selectors.jobs_for_user(user=request.user), pk=pk)
     form = LogPageForm(request.GET)
-    lines, next_offset, offset = [], None, 0
+    asked = form.cleaned_data if form.is_valid() else {}
+    offset, source, query = asked.get("offset") or 0, asked.get("source", ""), asked.get("q", "")
+    lines, next_offset = [], None
     if form.is_valid():
-        offset = form.cleaned_data["offset"] or 0
-        lines, next_offset = selectors.job_log_page(
-            job=job, offset=offset, limit=PAGE_LINES, source=form.cleaned_data["source"],
-            query=form.cleaned_data["q"])
+        lines, next_offset = selectors.job_log_page(job=job, offset=offset, limit=PAGE_LINES,
+                                                    source=source, query=query)
     return render(request, "console/job_log.html", {
-        "job": job, "form": form, "lines": lines, "offset": offset,
-        "next_offset": next_offset, "sources": selectors.job_log_sources(job=job),
-        "source": form.cleaned_data.get("source", "") if form.is_valid() else "",
-        "q": form.cleaned_data.get("q", "") if form.is_valid() else "",
+        "job": job, "form": form, "lines": lines, "offset": offset, "next_offset": next_offset,
+        "sources": selectors.job_log_sources(job=job), "source": source, "q": query,
     })

@@ -75,6 +75,12 @@ def _environment(model, instance_group) -> Environment:
             "instance group's default environment."]}) from None
 
 
+def _owner_or_admin(owner_id: int, user, refusal: str) -> None:
+    """Only the owner of what is changed, or an admin, may change it; ``refusal`` says so."""
+    if owner_id != user.id and not is_admin(user):
+        raise PermissionDenied(refusal)
+
+
 def every_check(**checks: Callable[[], Any]) -> dict[str, Any]:
     """Each check's result, by name; when any fails, one ValidationError holding every
     failure: the checks do not depend on each other, and whoever submitted (a form, a script)
@@ -117,8 +123,7 @@ def job_submit(
 ) -> TrainingJob:
     """Create a job in SUBMITTED, hand it to the scheduler (PENDING) and wake the scheduler.
     ``submit_key`` is kept under a unique constraint: see ``job_submit_once``."""
-    if model.owner_id != user.id and not is_admin(user):
-        raise PermissionDenied("You can only train your own models.")
+    _owner_or_admin(model.owner_id, user, "You can only train your own models.")
     checked = every_check(
         max_workers=lambda: validate_max_workers(max_workers),
         devices_per_worker=lambda: validate_max_workers(devices_per_worker,
@@ -219,8 +224,8 @@ def job_submit_once(
 
 
 def job_set_priority(*, job: TrainingJob, priority: int, user) -> TrainingJob:
-    if job.owner_id != user.id and not is_admin(user):
-        raise PermissionDenied("Only an admin can change the priority of another user's job.")
+    _owner_or_admin(job.owner_id, user,
+                    "Only an admin can change the priority of another user's job.")
     priority = validate_priority(priority)
     if job.priority == priority:
         return job
@@ -241,8 +246,7 @@ def job_set_max_workers(*, job: TrainingJob, max_workers: int, user) -> Training
     any value within the bounds; once launched only a lower one: its runtime admits at most
     the workers it was started with, and planned its batches for them (train again to go
     higher)."""
-    if job.owner_id != user.id and not is_admin(user):
-        raise PermissionDenied("Only an admin can change another user's job.")
+    _owner_or_admin(job.owner_id, user, "Only an admin can change another user's job.")
     max_workers = validate_max_workers(max_workers)
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
@@ -296,8 +300,7 @@ def jobs_reorder(*, user, job_ids: list[int]) -> list[TrainingJob]:
 def job_kill(*, job: TrainingJob, user, reason: str = "") -> TrainingJob:
     """Stop a job. A job not holding slots is KILLED at once; a running one is asked to stop
     cooperatively and the execution layer marks it KILLED when its processes have left."""
-    if job.owner_id != user.id and not is_admin(user):
-        raise PermissionDenied("You can only stop your own jobs.")
+    _owner_or_admin(job.owner_id, user, "You can only stop your own jobs.")
     if job.is_terminal:
         raise ValidationError({"state": f"Job {job.pk} has already ended ({job.state})."})
     with transaction.atomic():
@@ -359,8 +362,7 @@ def job_delete(*, job: TrainingJob, user) -> list[str]:
     A job that has not ended is refused: its processes still write to the folder. Returns a
     list that, after the commit, names the files that could not be removed (see
     ``remove_result_folder``); it stays empty when everything went."""
-    if job.owner_id != user.id and not is_admin(user):
-        raise PermissionDenied("You can only delete your own jobs.")
+    _owner_or_admin(job.owner_id, user, "You can only delete your own jobs.")
     left: list[str] = []
     with transaction.atomic():
         # Locked and read again: a job is deleted only if it has really ended, not as a stale

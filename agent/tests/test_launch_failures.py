@@ -60,18 +60,19 @@ def launch(django_capture_on_commit_callbacks):
     return run
 
 
-def _published_states(settings, job_id: int) -> list[tuple[str, str]]:
+def _published(settings, job_id: int, kind: str) -> list[dict]:
     entries = redis.Redis.from_url(settings.REDIS_URL).xrange(settings.EDT_EVENTS_STREAM)
     events = [json.loads(fields[b"data"]) for _, fields in entries]
-    return [(e.get("state"), e.get("error", "")) for e in events
-            if e["type"] == "job.state" and e["job_id"] == job_id]
+    return [e for e in events if e["type"] == kind and e["job_id"] == job_id]
+
+
+def _published_states(settings, job_id: int) -> list[tuple[str, str]]:
+    return [(e.get("state"), e.get("error", "")) for e in _published(settings, job_id,
+                                                                      "job.state")]
 
 
 def _published_log_lines(settings, job_id: int) -> list[tuple[str, str]]:
-    entries = redis.Redis.from_url(settings.REDIS_URL).xrange(settings.EDT_EVENTS_STREAM)
-    events = [json.loads(fields[b"data"]) for _, fields in entries]
-    return [(e["source"], e["line"]) for e in events
-            if e["type"] == "log" and e["job_id"] == job_id]
+    return [(e["source"], e["line"]) for e in _published(settings, job_id, "log")]
 
 
 def _assert_failed_at_once(job, settings, outcome: str, took: float, *reasons: str) -> None:
