@@ -17,7 +17,9 @@ import os
 import platform
 import socket
 import threading
+import warnings
 
+from celery.exceptions import SecurityWarning
 from celery.signals import worker_shutting_down
 from django.conf import settings
 from django.db import close_old_connections, transaction
@@ -175,9 +177,16 @@ class HostAgent:
         worker_shutting_down.connect(shutting_down, weak=False)
         log.info("agent %s: queue %s, %d slots, concurrency %d", self.name, self.queue, slots,
                  concurrency)
+        # Celery warns every root worker; this one is root by design (it creates the job
+        # accounts and cgroups), runs no user code in its own process and accepts JSON only
+        # (CELERY_ACCEPT_CONTENT), which is what the warning is about.
+        warnings.filterwarnings("ignore", category=SecurityWarning,
+                                message="You're running the worker with superuser privileges")
         try:
             app.worker_main(
                 [
+                    # No ASCII-art banner: the agent's own log line above says what it serves.
+                    "--quiet",
                     "worker",
                     "--queues", self.queue,
                     "--pool", "threads",

@@ -28,6 +28,8 @@ def redis_server_argv(port: int, workdir: Path, *, daemonize: bool = False,
         "--port", str(port), "--bind", "127.0.0.1",
         "--save", "", "--appendonly", "no", "--dir", str(workdir),
     ]
+    # Its start-up banner and notices go to its own log, not the console's terminal.
+    argv += ["--logfile", str(workdir / "redis.log")]
     if daemonize:
-        argv += ["--daemonize", "yes", "--logfile", str(workdir / "redis.log")]
+        argv += ["--daemonize", "yes"]
     return argv

@@ -371,6 +371,9 @@ AXES_COOLOFF_TIME = env_int("AXES_COOLOFF_MINUTES", 15) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_ENABLED = env_bool("AXES_ENABLED", True)
+# Not "AXES: BEGIN ..." from each of the product's processes at start, nor a line per login:
+# lockouts are still logged (as warnings) and kept in the database.
+AXES_VERBOSE = False
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL
@@ -414,6 +417,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "filters": {"client_errors": {"()": "config.log_filters.ClientErrorsWithoutTraceback"}},
+    # django-axes says INFO for every login and its clean-ups: only its lockouts (WARNING).
     "loggers": {"uvicorn": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"},
+                "axes": {"level": "WARNING"},
                 "django.request": {"filters": ["client_errors"]}},
 }

@@ -3,6 +3,7 @@ per job. Reached from the jobs list (tick jobs, then Compare); reads only jobs t
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -53,12 +54,54 @@ def job_curves(job: TrainingJob) -> dict[str, list[dict[str, float]]]:
     return {name: _thin(points) for name, points in curves.items()}
 
 
+# What a run was started with, beside its hyper-parameters: a difference here explains a
+# difference in the curves as often as a learning rate does.
+_SETTINGS = (("model", lambda job: job.model.name), ("max workers", lambda job: job.max_workers),
+             ("arguments", lambda job: job.args), ("instance group",
+                                                   lambda job: job.instance_group.name))
+_MISSING = "—"
+
+
+def settings_table(jobs: list[TrainingJob],
+                   finals: dict[int, list[str]] | None = None) -> dict[str, Any]:
+    """The runs' settings and hyper-parameters, the ones that differ between runs first.
+
+    Returns ``differ`` (names), ``same`` ((name, value) pairs) and ``rows`` ((job, values,
+    finals) triples): a row's values follow ``differ``, its finals the comparison's
+    ``final_names``. What every run shares is said once, under the table, so the eye goes to
+    what changed (as TensorBoard's and W&B's run tables do)."""
+    columns: dict[str, list[str]] = {}
+    for name, value_of in _SETTINGS:
+        columns[name] = [str(value_of(job)) for job in jobs]
+    names = sorted({name for job in jobs for name in (job.hyper_parameters or {})})
+    for name in names:
+        columns[name] = [_shown((job.hyper_parameters or {}).get(name, _MISSING)) for job in jobs]
+    differ = [name for name, values in columns.items() if len(set(values)) > 1]
+    same = [(name, values[0]) for name, values in columns.items()
+            if name not in differ and values[0] not in ("", _MISSING)]
+    rows = [(job, [columns[name][i] for name in differ], (finals or {}).get(job.pk, []))
+            for i, job in enumerate(jobs)]
+    return {"differ": differ, "same": same, "rows": rows}
+
+
+def _last(points: list[dict[str, float]] | None) -> str:
+    return f"{points[-1]['y']:.4g}" if points else _MISSING
+
+
+def _shown(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def comparison(jobs: list[TrainingJob]) -> dict[str, Any]:
     """One chart per metric any of ``jobs`` reported, each with a line per job that has it."""
     per_job = [(job, job_curves(job)) for job in jobs]
     names = sorted({name for _, curves in per_job for name in curves})
+    tests = [name for name in names if name.startswith(f"{JobMetric.Kind.TEST} ")]
     return {
         "jobs": [{"id": job.pk, "label": selectors.chart_label(job)} for job in jobs],
+        # Each run's last test figures, for the table: where each run ended up.
+        "final_names": tests,
+        "finals": {job.pk: [_last(curves.get(name)) for name in tests] for job, curves in per_job},
         "charts": [
             {"metric": name, "lines": [{"job": job.pk, "points": curves[name]}
                                        for job, curves in per_job if name in curves]}
@@ -90,5 +133,6 @@ def jobs_compare(request: HttpRequest) -> HttpResponse:
         # Another user's job is not there, as everywhere else (a 404, not a 403).
         raise Http404("No such job.")
     jobs = [found[i] for i in ids]
-    context = {"jobs": jobs, "comparison": comparison(jobs)}
+    data = comparison(jobs)
+    context = {"jobs": jobs, "comparison": data, "table": settings_table(jobs, data["finals"])}
     return render(request, "console/compare.html", context)

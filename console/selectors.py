@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
-from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import Mod, RowNumber
 from django.utils import timezone
 
+from console.wmla.models import WmlaExec
 from datasets.models import Dataset
 from events import logs
 from events.describe import describe, shown_epoch
@@ -31,6 +32,20 @@ def datasets_for_user(*, user) -> QuerySet[Dataset]:
 
 def models_for_user(*, user) -> QuerySet[ModelDefinition]:
     return ModelDefinition.objects.visible_to(user).select_related("owner", "dataset")
+
+
+def models_by_origin(*, user) -> tuple[list[ModelDefinition], list[ModelDefinition]]:
+    """The models the user registered, and the folders that came with a WMLA-style submission
+    (``dlicmd --exec-start``, ``POST /execs``): those are a job's code, not a model anyone
+    picks to train again, so the Models page lists them apart instead of among the user's
+    models (each with its job as ``submitted_job``)."""
+    execs = WmlaExec.objects.filter(job__model=OuterRef("pk"))
+    rows = models_for_user(user=user).annotate(
+        submitted=Exists(execs), submitted_job=Subquery(execs.values("job_id")[:1]))
+    registered, submitted = [], []
+    for model in rows:
+        (submitted if model.submitted else registered).append(model)
+    return registered, submitted
 
 
 def jobs_for_user(*, user) -> QuerySet[TrainingJob]:

@@ -193,8 +193,8 @@ def _delete(request: HttpRequest, obj, delete, what: str, back: str) -> HttpResp
 
 @login_required
 def models_list(request: HttpRequest) -> HttpResponse:
-    rows = selectors.models_for_user(user=request.user)
-    return render(request, "console/models.html", {"models": rows})
+    registered, submitted = selectors.models_by_origin(user=request.user)
+    return render(request, "console/models.html", {"models": registered, "submitted": submitted})
 
 
 @login_required

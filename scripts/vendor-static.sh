@@ -21,7 +21,10 @@ copy htmx.org/dist/htmx.min.js htmx.min.js
 copy @alpinejs/csp/dist/cdn.min.js alpinejs.min.js
 copy chart.js/dist/chart.umd.min.js chart.umd.min.js
 copy sortablejs/Sortable.min.js sortable.min.js
-for pkg in htmx.org chart.js sortablejs; do
+# Drag-to-zoom on the job page's charts. Its optional peer hammerjs (touch pinch and pan) is not
+# copied: without it the plugin leaves those two out and zooms by wheel and drag.
+copy chartjs-plugin-zoom/dist/chartjs-plugin-zoom.min.js chartjs-plugin-zoom.min.js
+for pkg in htmx.org chart.js sortablejs chartjs-plugin-zoom; do
   license="$(ls "$work/node_modules/$pkg" | grep -i -m1 '^licen[cs]e' || true)"
   [ -n "$license" ] && install -m 0644 "$work/node_modules/$pkg/$license" "$vendor/LICENSE.$pkg"
 done

@@ -387,6 +387,24 @@ def test_the_models_list_names_each_models_owner_for_an_admin_only(client, admin
     assert "<th>Owner</th>" not in client.get(reverse("models")).content.decode()
 
 
+def test_the_models_list_puts_folders_submitted_with_dlicmd_apart(signed_in, owner, model_def,
+                                                                  cluster):
+    from console.wmla.models import WmlaExec
+    from jobs.services import job_submit
+    from models.models import ModelDefinition
+
+    # As POST /execs names the folder it unpacks (console.wmla.submit._model_name).
+    submitted = ModelDefinition.objects.create(owner=owner, name="main-20261129-abc123",
+                                               location=model_def.location,
+                                               main_file=model_def.main_file)
+    job = job_submit(user=owner, model=submitted, instance_group=cluster["instance_group"])
+    WmlaExec.objects.create(job=job, framework="edtPyTorch", app_name="", args="")
+    page = signed_in.get(reverse("models")).content.decode()
+    registered, apart = page.split("data-submitted-models")
+    assert model_def.name in registered and submitted.name not in registered
+    assert "1 folder submitted with dlicmd" in apart and f">#{job.pk}</a>" in apart
+
+
 def _log_lines(job, count: int) -> None:
     from events.ingest import ingest
 
@@ -453,3 +471,27 @@ def test_train_again_fills_the_form_as_the_job_was_started(signed_in, other, cli
     client.force_login(other)
     assert client.get(reverse("train") + f"?again={job.pk}").context["form"][
         "args"].value() in (None, "")
+
+
+def test_compare_puts_the_settings_that_differ_first(signed_in, owner, model_def, cluster):
+    from console.compare import comparison, settings_table
+    from jobs.services import job_submit
+
+    group = cluster["instance_group"]
+    job = job_submit(user=owner, model=model_def, instance_group=group,
+                     hyper_parameters={"lr": 0.1, "epochs": 2})
+    second = job_submit(user=owner, model=model_def, instance_group=group,
+                        hyper_parameters={"lr": 0.01, "epochs": 2, "momentum": 0.9})
+    _metrics(job, [2.0, 1.0], 0.5)
+    _metrics(second, [3.0, 0.5], 0.75)
+    data = comparison([job, second])
+    table = settings_table([job, second], data["finals"])
+    # lr differs, momentum is set in one run only; epochs, the model and the group are shared.
+    assert table["differ"] == ["lr", "momentum"]
+    assert ("epochs", "2") in table["same"] and ("model", model_def.name) in table["same"]
+    assert [values for _, values, _ in table["rows"]] == [["0.1", "—"], ["0.01", "0.9"]]
+    assert data["final_names"] == ["test accuracy"]
+    assert [finals for _, _, finals in table["rows"]] == [["0.5"], ["0.75"]]
+    page = signed_in.get(reverse("jobs-compare"), {"job": [job.pk, second.pk]}).content.decode()
+    assert '<th class="differs" title="Differs between these runs">momentum</th>' in page
+    assert "<code>epochs=2</code>" in page

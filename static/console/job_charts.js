@@ -69,6 +69,47 @@
     points.splice(0, half, ...older);
   }
 
+  /* What the user chose to see, shared by the three metric charts and kept in this browser:
+   * the x axis of the per-step charts (step, epoch or time since the first step), smoothing,
+   * a log scale for the metrics, and the series left out. The controls above the charts
+   * change it (ChartControls). */
+  const VIEW_KEY = "edt.chartView";
+  const X_TITLES = { step: "step", epoch: "epoch", time: "time since the first step" };
+
+  function loadView() {
+    let saved = {};
+    try { saved = JSON.parse(localStorage.getItem(VIEW_KEY) || "{}"); } catch (e) { saved = {}; }
+    return { x: X_TITLES[saved.x] ? saved.x : "step",
+             smoothing: Math.min(Math.max(Number(saved.smoothing) || 0, 0), 0.99),
+             logY: saved.logY === true, hidden: new Set(saved.hidden || []) };
+  }
+
+  function saveView(view) {
+    const { x, smoothing, logY } = view;
+    try {
+      localStorage.setItem(VIEW_KEY, JSON.stringify({ x, smoothing, logY,
+                                                      hidden: [...view.hidden] }));
+    } catch (e) { /* private browsing: the choice lasts as long as the page */ }
+  }
+
+  /* TensorBoard's smoothing: an exponential moving average, debiased so that the first points
+   * are not pulled towards zero. */
+  function smoothed(points, weight) {
+    let last = 0;
+    return points.map((p, i) => {
+      last = last * weight + (1 - weight) * p.y;
+      return { x: p.x, y: last / (1 - Math.pow(weight, i + 1)) };
+    });
+  }
+
+  /* "1:05" or "1:02:05" for a number of seconds. */
+  function clock(seconds) {
+    const s = Math.round(seconds);
+    const hms = [Math.floor(s / 3600), Math.floor(s / 60) % 60, s % 60];
+    const parts = hms[0] ? hms : hms.slice(1);
+    return parts.map((n, i) => (i ? String(n).padStart(2, "0") : String(n))).join(":");
+  }
+
   function chartOptions({ x, y, y2 }) {
     return {
       animation: false, maintainAspectRatio: false, normalized: true,
@@ -85,26 +126,43 @@
               ticks: y2 === "workers" ? { precision: 0 } : {} },
       },
       plugins: {
-        legend: { position: "bottom" },
+        // The faint unsmoothed copy of a series is not a series of its own in the legend.
+        legend: { position: "bottom", labels: { filter: (item, data) =>
+          !data.datasets[item.datasetIndex].raw } },
+        tooltip: { filter: (item) => !item.dataset.raw },
         decimation: { enabled: true, algorithm: "min-max" },
+        // Drag across the chart to zoom into a range of x (chartjs-plugin-zoom); a double click
+        // or "Reset zoom" goes back to the whole run.
+        zoom: { zoom: { drag: { enabled: true }, wheel: { enabled: true, modifierKey: "ctrl" },
+                        mode: "x" } },
       },
     };
   }
 
-  /* A line chart fed point by point; `draw()` asks for a redraw on the next frame. */
+  /* A line chart fed point by point; `draw()` asks for a redraw on the next frame. A point
+   * keeps where it lies on each x axis the page offers ({x: step, t: seconds, e: epoch,
+   * i: iteration, y}); what is drawn is made from them by the view at each redraw. */
   class SeriesChart {
-    constructor(canvas, { x, y, y2, stepped, empty }) {
+    constructor(canvas, { x, y, y2, stepped, empty, view, perStep, logAxes, epochOf }) {
       this.stepped = stepped || {};
-      this.points = new Map(); // series name -> its points (the arrays the chart draws)
+      this.view = view;
+      this.perStep = !!perStep; // its x axis follows the view (step, epoch or time)
+      this.xTitle = x;
+      this.logAxes = logAxes || [];
+      this.epochOf = epochOf;
+      this.points = new Map(); // series name -> its points, as they came
+      this.drawn = new Map(); // series name -> [its dataset, its raw shadow]
       this.chart = new Chart(canvas, { type: "line", data: { datasets: [] },
                                        options: chartOptions({ x, y, y2 }) });
+      canvas.addEventListener("dblclick", () => this.chart.resetZoom());
       this.emptyEl = canvas.parentElement.querySelector("[data-chart-empty]");
       this.emptyText = empty;
       this.redraw = new Coalescer(() => this._update(), 250);
+      this.onSeries = null; // called with a series' name the first time it appears
       this._update();
     }
 
-    add(name, x, y, axis) {
+    add(name, x, y, axis, more) {
       if (typeof y !== "number" || !Number.isFinite(y)) return;
       if (typeof x !== "number" || !Number.isFinite(x)) return;
       const points = this.points.get(name) || this._series(name, axis);
@@ -113,7 +171,7 @@
       let keep = points.length;
       while (keep > 0 && points[keep - 1].x >= x) keep--;
       points.length = keep;
-      points.push({ x: x, y: y });
+      points.push(Object.assign({ x: x, y: y }, more));
       if (points.length > MAX_POINTS) thin(points);
     }
 
@@ -121,23 +179,59 @@
       const c = PALETTE[this.points.size % PALETTE.length];
       const points = [];
       this.points.set(name, points);
-      this.chart.data.datasets.push({ label: name, data: points, borderColor: c,
-                                      backgroundColor: c, yAxisID: axis || "y",
-                                      stepped: !!this.stepped[name] });
+      const line = { label: name, data: [], borderColor: c, backgroundColor: c,
+                     yAxisID: axis || "y", stepped: !!this.stepped[name] };
+      // Every series' faint copy is drawn beneath every series (a lower `order` is on top).
+      const raw = Object.assign({}, line, { raw: true, borderColor: c + "40", hidden: true,
+                                            order: 1 });
+      line.order = 0;
+      this.chart.data.datasets.push(line, raw);
+      this.drawn.set(name, [line, raw]);
+      if (this.onSeries) this.onSeries(name);
       return points;
     }
 
     clear() {
       this.points.clear();
+      this.drawn.clear();
       this.chart.data.datasets = [];
     }
 
     draw() { this.redraw.request(); }
 
+    /* Where a point lies on the x axis the view asks for. */
+    _xOf(p, first) {
+      if (!this.perStep || this.view.x === "step") return p.x;
+      if (this.view.x === "time") return typeof p.t === "number" ? p.t - first : null;
+      return this.epochOf ? this.epochOf(p.e, p.i) : null;
+    }
+
+    _project(name, points) {
+      const first = points.length ? points[0].t : 0;
+      const placed = points.map((p) => ({ x: this._xOf(p, first), y: p.y }))
+        .filter((p) => typeof p.x === "number" && Number.isFinite(p.x));
+      const smooth = this.perStep && this.view.smoothing > 0 && !this.stepped[name];
+      return { line: smooth ? smoothed(placed, this.view.smoothing) : placed,
+               raw: smooth ? placed : [] };
+    }
+
     _update() {
+      for (const [name, [line, raw]] of this.drawn) {
+        const drawn = this._project(name, this.points.get(name));
+        line.data = drawn.line;
+        raw.data = drawn.raw;
+        line.hidden = this.view.hidden.has(name);
+        raw.hidden = line.hidden || !drawn.raw.length;
+      }
+      const scales = this.chart.options.scales;
+      if (this.perStep) {
+        scales.x.title.text = X_TITLES[this.view.x];
+        scales.x.ticks = this.view.x === "time" ? { callback: (v) => clock(v) } : {};
+      }
+      for (const axis of this.logAxes) scales[axis].type = this.view.logY ? "logarithmic" : "linear";
       const empty = ![...this.points.values()].some((p) => p.length);
       // An empty chart says so in words instead of drawing axes from 0 to 1.
-      for (const axis of ["x", "y"]) this.chart.options.scales[axis].display = !empty;
+      for (const axis of ["x", "y"]) scales[axis].display = !empty;
       if (this.emptyEl) {
         this.emptyEl.hidden = !empty;
         this.emptyEl.textContent = this.emptyText || "No data yet";
@@ -153,25 +247,45 @@
   /* The three metric charts: per step, per epoch (numbered as users see epochs) and speed. */
   class MetricCharts {
     constructor() {
-      const chart = (id, opts) => new SeriesChart(document.getElementById(id), opts);
-      this.loss = chart("loss-chart", { x: "step", y: "loss", y2: "metric",
-                                        empty: "No training metrics yet" });
+      this.view = loadView();
+      // Steps in each epoch (the most iterations seen in it), to place a step at its fraction
+      // of the epoch when the x axis is "epoch": the same rule as the Compare page.
+      this.itersIn = new Map();
+      const epochOf = (e, i) => this._epochOf(e, i);
+      const chart = (id, opts) => new SeriesChart(document.getElementById(id),
+        Object.assign({ view: this.view, epochOf: epochOf }, opts));
+      this.loss = chart("loss-chart", { x: "step", y: "loss", y2: "metric", perStep: true,
+                                        logAxes: ["y", "y2"], empty: "No training metrics yet" });
       this.perEpoch = chart("epoch-chart", { x: "epoch", y: "loss", y2: "metric",
+                                             logAxes: ["y", "y2"],
                                              empty: "No epoch finished yet" });
       this.speed = chart("speed-chart", { x: "step", y: "samples/s", y2: "workers",
-                                          stepped: { workers: true },
+                                          perStep: true, stepped: { workers: true },
                                           empty: "No training speed yet" });
+      this.charts = [this.loss, this.perEpoch, this.speed];
       this.step = 0;
+    }
+
+    _epochOf(epoch, iteration) {
+      if (typeof epoch !== "number" || typeof iteration !== "number") return null;
+      // An epoch still in progress is as long as the one before it, once there is one.
+      const steps = Math.max(this.itersIn.get(epoch) || 0, this.itersIn.get(epoch - 1) || 0) || 1;
+      return epoch - 1 + Math.min(iteration, steps) / steps;
     }
 
     addTrain(m) {
       this.step = typeof m.global_step === "number" ? m.global_step : this.step + 1;
+      const epoch = typeof m.epoch_shown === "number" ? m.epoch_shown : null;
+      const at = { t: m.ts, e: epoch, i: m.iteration };
+      if (epoch !== null && typeof m.iteration === "number") {
+        this.itersIn.set(epoch, Math.max(this.itersIn.get(epoch) || 0, m.iteration));
+      }
       for (const [name, value] of Object.entries(m)) {
         if (METRIC_META.has(name)) continue;
-        this.loss.add("train " + name, this.step, value, name === "loss" ? "y" : "y2");
+        this.loss.add("train " + name, this.step, value, name === "loss" ? "y" : "y2", at);
       }
-      this.speed.add("samples/s", this.step, m.samples_per_s, "y");
-      this.speed.add("workers", this.step, m.workers, "y2");
+      this.speed.add("samples/s", this.step, m.samples_per_s, "y", at);
+      this.speed.add("workers", this.step, m.workers, "y2", at);
       this.loss.draw();
       this.speed.draw();
     }
@@ -185,11 +299,63 @@
       this.perEpoch.draw();
     }
 
+    /* The view changed: save it and redraw every chart. */
+    changed() {
+      saveView(this.view);
+      for (const c of this.charts) c.draw();
+    }
+
+    resetZoom() { for (const c of this.charts) c.chart.resetZoom(); }
+
     clear() {
       this.step = 0;
-      for (const c of [this.loss, this.perEpoch, this.speed]) { c.clear(); c.draw(); }
+      this.itersIn.clear();
+      for (const c of this.charts) { c.clear(); c.draw(); }
     }
   }
 
-  window.EDTJob = Object.assign(window.EDTJob || {}, { Coalescer, SeriesChart, MetricCharts });
+  /* The controls above the metric charts: x axis, smoothing, log scale, zoom reset, and a box
+   * per series (added as series appear) to show or leave it out. */
+  function ChartControls(root, metrics) {
+    const view = metrics.view;
+    const q = (sel) => root.querySelector(sel);
+    const x = q("[data-view-x]");
+    const smoothing = q("[data-view-smoothing]");
+    const shown = q("[data-view-smoothing-out]");
+    const log = q("[data-view-log]");
+    const picks = q("[data-metric-picks]");
+    x.value = view.x;
+    smoothing.value = String(view.smoothing);
+    shown.textContent = view.smoothing.toFixed(2);
+    log.checked = view.logY;
+    x.addEventListener("change", () => { view.x = x.value; metrics.changed(); });
+    smoothing.addEventListener("input", () => {
+      view.smoothing = Number(smoothing.value);
+      shown.textContent = view.smoothing.toFixed(2);
+      metrics.changed();
+    });
+    log.addEventListener("change", () => { view.logY = log.checked; metrics.changed(); });
+    q("[data-view-reset-zoom]").addEventListener("click", () => metrics.resetZoom());
+    const known = new Set();
+    const addPick = (name) => {
+      if (known.has(name)) return;
+      known.add(name);
+      const label = document.createElement("label");
+      const box = document.createElement("input");
+      box.type = "checkbox";
+      box.checked = !view.hidden.has(name);
+      box.dataset.metric = name;
+      box.addEventListener("change", () => {
+        if (box.checked) view.hidden.delete(name); else view.hidden.add(name);
+        metrics.changed();
+      });
+      label.append(box, " " + name);
+      picks.append(label);
+      picks.hidden = false;
+    };
+    for (const c of metrics.charts) c.onSeries = addPick;
+  }
+
+  window.EDTJob = Object.assign(window.EDTJob || {}, { Coalescer, SeriesChart, MetricCharts,
+                                                        ChartControls, smoothed });
 })();

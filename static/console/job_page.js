@@ -11,7 +11,7 @@
   "use strict";
 
   const { StepChart, connect, getJSON, logIdAfter, msOf, TRAINING, ENDED } = window.EDTLive;
-  const { MetricCharts, LogPanel, EventsPanel } = window.EDTJob;
+  const { MetricCharts, ChartControls, LogPanel, EventsPanel } = window.EDTJob;
 
   /* The summary at the top: state, slots, progress, and the controls of a job still running. */
   class Summary {
@@ -96,6 +96,8 @@
       logLoaded: false,
       lastMetric: {},
     };
+    const controls = root.querySelector("[data-chart-controls]");
+    if (controls) ChartControls(controls, page.metrics);
     connect(root.dataset.ws, {
       onOpen: () => loadHistory(page),
       onEvent: (ev) => onEvent(page, ev),

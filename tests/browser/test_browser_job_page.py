@@ -443,3 +443,82 @@ print(job.pk)
         screens.screenshot(page, artifacts / "job-page-new.png")
     finally:
         console_shell(console, STOP.format(job=job))
+
+
+# The loss chart's view as the page has it: axis title and type, and its "train loss" series
+# (what is drawn, and the faint unsmoothed copy shown under it when smoothing is on).
+VIEW_JS = """() => {
+  const chart = Chart.getChart("loss-chart");
+  const sets = chart.data.datasets.filter((d) => d.label === "train loss");
+  const line = sets.find((d) => !d.raw), raw = sets.find((d) => d.raw);
+  const points = (d) => d._data || d.data;
+  const hidden = chart.data.datasets.filter((d) => !d.raw && d.hidden).map((d) => d.label);
+  return {title: chart.options.scales.x.title.text, yType: chart.options.scales.y.type,
+          first: points(line)[0], last: points(line).at(-1), rawShown: !raw.hidden,
+          rawFirst: points(raw)[0], rawLast: points(raw).at(-1), rawCount: points(raw).length,
+          hidden: hidden,
+          xMin: chart.scales.x.min, xMax: chart.scales.x.max,
+          tick: chart.scales.x.ticks.length ? chart.scales.x.ticks.at(-1).label : null};
+}"""
+
+
+def test_the_metric_charts_view_changes_axis_smoothing_scale_series_and_zoom(page: Page, console,
+                                                                             long_job, artifacts):
+    """What TensorBoard's users expect: x by step, epoch or time; smoothing with the raw curve
+    faint beneath; a log scale; series left out; drag to zoom; and the choice kept on reload."""
+    job, _ = long_job
+    open_job_page(page, console, job)
+    wait_for_last_step(page, STEPS)
+    view = lambda: page.evaluate(VIEW_JS)  # noqa: E731 - read once per check
+    assert view()["title"] == "step" and view()["last"]["x"] == STEPS
+
+    page.select_option("[data-view-x]", "epoch")
+    wait_for(page, "() => Chart.getChart('loss-chart').options.scales.x.title.text === 'epoch'",
+             None, "the x axis did not turn to epochs")
+    # The last step of the 20th epoch is at 20 epochs trained, the first at 1/500 of one.
+    assert view()["last"]["x"] == EPOCHS and view()["first"]["x"] == 1 / STEPS_PER_EPOCH
+
+    page.select_option("[data-view-x]", "time")
+    wait_for(page, "() => Chart.getChart('loss-chart').options.scales.x.title.text"
+                   " === 'time since the first step'", None, "the x axis did not turn to time")
+    shown = view()
+    # The steps were stored 50 ms apart: the last one 499.95 s after the first, ticks as m:ss.
+    assert abs(shown["last"]["x"] - (STEPS - 1) * 0.05) < 0.01 and ":" in shown["tick"]
+
+    page.select_option("[data-view-x]", "step")
+    page.fill("[data-view-smoothing]", "0.9")
+    wait_for(page, "() => Chart.getChart('loss-chart').data.datasets.some((d) => d.raw && "
+                   "!d.hidden)", None, "smoothing did not show the raw curve beneath")
+    shown = view()
+    # Debiased: the first smoothed point is the first raw one. The loss falls all along, so
+    # the moving average lags above the raw curve at its end.
+    assert shown["rawCount"] == STEPS and shown["rawFirst"]["y"] == shown["first"]["y"]
+    assert shown["last"]["y"] > shown["rawLast"]["y"]
+    assert page.locator("[data-view-smoothing-out]").text_content() == "0.90"
+
+    page.check("[data-view-log]")
+    page.uncheck("[data-metric-picks] input[data-metric='train accuracy']")
+    wait_for(page, "() => Chart.getChart('loss-chart').options.scales.y.type === 'logarithmic'",
+             None, "the log scale was not applied")
+    wait_for(page, "() => Chart.getChart('loss-chart').data.datasets.some((d) => !d.raw && "
+                   "d.hidden && d.label === 'train accuracy')", None, "accuracy still shown")
+
+    box = page.locator("#loss-chart").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.4, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, y, steps=5)
+    page.mouse.up()
+    zoomed = view()
+    assert zoomed["xMin"] > 1000 and zoomed["xMax"] < STEPS - 1000, zoomed
+    page.click("[data-view-reset-zoom]")
+    wait_for(page, "() => Chart.getChart('loss-chart').scales.x.max >= " + str(STEPS), None,
+             "Reset zoom did not show the whole run again")
+
+    page.reload()
+    wait_for_last_step(page, STEPS)
+    wait_for(page, "() => Chart.getChart('loss-chart').options.scales.y.type === 'logarithmic'",
+             None, "the view was not kept on reload")
+    assert view()["hidden"] == ["train accuracy"]
+    assert page.locator("[data-view-smoothing]").input_value() == "0.9"
+    screens.check_page(page, artifacts, "job-page-chart-view")

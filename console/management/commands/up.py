@@ -18,6 +18,7 @@ import redis
 from django.conf import settings
 from django.core.management import get_commands
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from config.embedded_redis import redis_server_argv
 from config.redis_auth import URL_FILE, embedded_password, with_password
@@ -26,7 +27,11 @@ from config.tls import Certificate, web_argv
 from console.management.commands.bootstrap import admin_password_file
 from console.management.commands.serve_web import add_web_arguments, https_certificate
 from environments.spec import PRODUCT_NAME
+from resources.models import Host
 from runtime.events import redacted
+
+# How long the URL waits for the services to come up before it is printed anyway.
+READY_TIMEOUT_S = 60
 
 
 @dataclass
@@ -78,7 +83,8 @@ class Command(BaseCommand):
                 self._start(child, env)
                 if child.name == "redis":
                     _wait_for_redis(env["REDIS_URL"])
-            self._announce(host, port, https_port, tls)
+            waiting = self._wait_until_ready(children, host, port, no_agent)
+            self._announce(host, port, https_port, tls, waiting)
             self._supervise(children, env)
         finally:
             _stop_children(children)
@@ -117,7 +123,26 @@ class Command(BaseCommand):
     def _stop(self, signum, frame) -> None:
         self._stopping = True
 
-    def _announce(self, host: str, port: int, https_port: int, tls: Certificate | None) -> None:
+    def _wait_until_ready(self, children: list[Child], host: str, port: int,
+                          no_agent: bool) -> list[str]:
+        """Wait (at most READY_TIMEOUT_S) until the console answers and this machine's agent has
+        registered, so that the URL is printed after the services' start-up lines, not among
+        them. Returns what is still starting when the wait ends."""
+        started = timezone.now()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        checks = {"the web server": lambda: not port_free(host, port)}
+        if not no_agent:
+            checks["the host agent"] = lambda: Host.objects.filter(
+                name=socket.gethostname(), last_heartbeat__gte=started).exists()
+        while checks and time.monotonic() < deadline and not self._stopping:
+            checks = {what: ready for what, ready in checks.items() if not ready()}
+            if any(child.proc and child.proc.poll() is not None for child in children):
+                break  # a service exited: the supervisor says so and restarts it
+            time.sleep(0.2)
+        return list(checks)
+
+    def _announce(self, host: str, port: int, https_port: int, tls: Certificate | None,
+                  waiting: list[str]) -> None:
         password = admin_password_file()
         creds = os.environ.get("EDT_ADMIN_PASSWORD") or (
             password.read_text().strip() if password.exists() else "(see bootstrap's output)"
@@ -133,6 +158,9 @@ class Command(BaseCommand):
                 f"Log in as {user} / {creds}\nPress Ctrl-C to stop.\n"
             )
         )
+        if waiting:
+            self.stdout.write(f"Still starting: {' and '.join(waiting)} (its lines above say "
+                              "why, if it does not come up).\n")
         if settings.EDT_DEFAULT_ENVIRONMENT != PRODUCT_NAME:
             log = Path(settings.EDT_ENVIRONMENTS_DIR) / f"build-{socket.gethostname()}.log"
             self.stdout.write(
