@@ -74,6 +74,8 @@ class Child:
     limits: cgroups.Limits = field(default_factory=cgroups.Limits)
     # Which limit the kernel enforced ("memory", "pids"), remembered when the group goes.
     hit: str | None = None
+    # The job it runs for (its use is reported per job: ``agent.usage``).
+    job_id: int | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None

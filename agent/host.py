@@ -26,8 +26,9 @@ from django.db import close_old_connections, transaction
 
 from agent import cgroups, job_environment, warm
 from agent.accounts import job_accounts, user_python
-from agent.children import end_all
+from agent.children import end_all, registry
 from agent.supervisor import stop_supervising
+from agent.usage import JobUsage, publish_usage
 from config.celery import app
 from config.control_plane import wake_scheduler
 from jobs.lifecycle import host_slots_release
@@ -73,8 +74,10 @@ class HostAgent:
         self.accounts: dict[str, object] = {}
         # Whether each job's process gets a cgroup with limits here (``check_limits``).
         self.limits: dict[str, object] = {}
-        # The host's CPU and memory use, sent with each heartbeat for the hosts page.
+        # The host's CPU and memory use, sent with each heartbeat for the hosts page, and each
+        # job's (``agent.usage``), published for its job page.
         self.usage = HostUsageSampler()
+        self.job_usage = JobUsage()
 
     @property
     def queue(self) -> str:
@@ -153,6 +156,7 @@ class HostAgent:
                     # were released and their processes are being ended; offer the host again.
                     log.warning("host %s was marked unavailable; registering again", self.name)
                     self.register()
+                publish_usage(self.job_usage, registry.all_children(), self.name)
             except Exception:  # a database hiccup must not stop the heartbeats for good
                 log.exception("heartbeat failed")
                 close_old_connections()

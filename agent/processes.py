@@ -197,4 +197,4 @@ def spawn(job: TrainingJob, key: str, name: str, env: dict[str, str], host: str)
     how = "warm" if isinstance(proc, warm.WarmProcess) else "cold"
     log.info("started %s (pid %s, %s) for job %s", name, proc.pid, how, job.pk)
     return Child(key=key, proc=proc, log_path=log_path, root=root, relay=relay, group=group,
-                 limits=limits)
+                 limits=limits, job_id=job.pk)

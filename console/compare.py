@@ -41,7 +41,8 @@ def _x(metric: JobMetric, steps_in_epoch: dict[int, int]) -> float:
 
 def job_curves(job: TrainingJob) -> dict[str, list[dict[str, float]]]:
     """``"train loss"``, ``"test accuracy"``... -> the job's points ``{x, y}`` in epochs."""
-    metrics = list(job.metrics.order_by("ts", "id"))
+    metrics = list(job.metrics.filter(kind__in=[JobMetric.Kind.TRAIN, JobMetric.Kind.TEST])
+                   .order_by("ts", "id"))
     steps_in_epoch: dict[int, int] = defaultdict(int)
     for m in metrics:
         if m.kind == JobMetric.Kind.TRAIN:

@@ -308,7 +308,8 @@ def _metric_row(m: JobMetric) -> dict[str, Any]:
 
 def job_metrics(*, job: TrainingJob, points: int = CHART_POINTS) -> dict[str, list[dict[str, Any]]]:
     """Per-iteration training metrics (thinned to about ``points``), per-epoch test metrics and
-    epoch summaries, each with ``epoch_shown``, the epoch as users see it."""
+    epoch summaries, each with ``epoch_shown``, the epoch as users see it; and the host agents'
+    samples of the job's CPU and memory use (``usage``, thinned too)."""
     def rows(kind: str) -> list[dict[str, Any]]:
         return [_metric_row(m) for m in _thinned(job.metrics.filter(kind=kind), points)]
 
@@ -317,7 +318,7 @@ def job_metrics(*, job: TrainingJob, points: int = CHART_POINTS) -> dict[str, li
         for e in job.events.filter(type="epoch.end").order_by("ts", "id")
     ]
     return {"train": rows(JobMetric.Kind.TRAIN), "test": rows(JobMetric.Kind.TEST),
-            "epochs": epochs}
+            "epochs": epochs, "usage": rows(JobMetric.Kind.USAGE)}
 
 
 def _after_their_epochs(events: list[JobEvent]) -> list[JobEvent]:

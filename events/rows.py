@@ -21,7 +21,8 @@ from jobs.models import JobEvent, JobMetric, TrainingJob
 Event = dict[str, Any]
 
 # Events that only feed charts or the log tail: not stored as JobEvent rows.
-METRIC_KINDS = {"metrics.train": JobMetric.Kind.TRAIN, "metrics.test": JobMetric.Kind.TEST}
+METRIC_KINDS = {"metrics.train": JobMetric.Kind.TRAIN, "metrics.test": JobMetric.Kind.TEST,
+                "metrics.usage": JobMetric.Kind.USAGE}
 # Keys of a metrics event that are not metric values.
 _METRIC_META = frozenset(
     {"type", "job_id", "source", "ts", "epoch", "iteration", "workers", "seq", "samples"}
@@ -58,6 +59,8 @@ def _store_metric(job_id: int, event: Event, when: datetime) -> bool:
         for k, v in event.items()
         if k not in _METRIC_META and isinstance(v, int | float) and not isinstance(v, bool)
     }
+    if kind == JobMetric.Kind.USAGE and isinstance(event.get("host"), str):
+        values["host"] = event["host"][:200]  # one series per host on the job page
     with transaction.atomic():
         JobMetric.objects.create(
             job_id=job_id,

@@ -203,6 +203,8 @@ class JobMetric(models.Model):
     class Kind(models.TextChoices):
         TRAIN = "train", "Train"
         TEST = "test", "Test"
+        # A host agent's sample of the job's processes there (``agent.usage``): CPU, memory.
+        USAGE = "usage", "Usage"
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metrics")
     kind = models.CharField(max_length=8, choices=Kind.choices)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib.auth import authenticate
 from django.db import transaction
 from django.db.models import ProtectedError, Q
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action, api_view, permission_classes, throttle_classes
@@ -22,7 +22,7 @@ from datasets import services as dataset_services
 from datasets.models import Dataset
 from environments.models import Environment
 from jobs import services as job_services
-from jobs.models import TrainingJob
+from jobs.models import JobMetric, TrainingJob
 from models import services as model_services
 from models.models import ModelDefinition
 from resources.models import Host, InstanceGroup, ResourceGroup
@@ -318,10 +318,24 @@ class JobViewSet(
         )
         return self._paged(rows, s.SlotAllocationSerializer)
 
-    @extend_schema(responses={200: s.JobMetricSerializer(many=True)})
+    @extend_schema(
+        responses={200: s.JobMetricSerializer(many=True)},
+        parameters=[OpenApiParameter(
+            "kind", str, enum=JobMetric.Kind.values,
+            description="Only one kind: train (per step), test (per epoch) or usage (the host "
+                        "agents' samples of the job's CPU and memory).")],
+    )
     @action(detail=True, methods=["get"])
     def metrics(self, request, pk=None):
-        return self._paged(self.get_object().metrics.order_by("ts", "id"), s.JobMetricSerializer)
+        """The job's metrics in time order: its training steps, its test results and the host
+        agents' samples of its CPU and memory use (``kind``), all of them unless ``?kind=``."""
+        rows = self.get_object().metrics.order_by("ts", "id")
+        kind = request.query_params.get("kind")
+        if kind is not None:
+            if kind not in JobMetric.Kind.values:
+                raise ValidationError({"kind": [f"One of {', '.join(JobMetric.Kind.values)}."]})
+            rows = rows.filter(kind=kind)
+        return self._paged(rows, s.JobMetricSerializer)
 
     @extend_schema(responses={200: s.JobEventSerializer(many=True)})
     @action(detail=True, methods=["get"])

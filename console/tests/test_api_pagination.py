@@ -84,3 +84,21 @@ def test_limit_and_offset_still_page(api, owner, model_def, roots):
     assert page["count"] == 3
     assert [m["name"] for m in page["results"]] == ["c"]
     assert "limit=1" in page["next"] and "offset=2" in page["next"]
+
+
+@pytest.mark.django_db
+def test_the_api_gives_one_kind_of_metric_when_asked(job, owner):
+    from rest_framework.test import APIClient
+
+    from jobs.models import JobMetric
+
+    JobMetric.objects.create(job=job, kind="train", values={"loss": 1.0})
+    JobMetric.objects.create(job=job, kind="usage", values={"host": "h1", "cpu_percent": 90.0})
+    api = APIClient()
+    api.force_authenticate(owner)
+    url = f"/api/v1/jobs/{job.pk}/metrics/"
+    usage = api.get(url, {"kind": "usage"}).json()
+    rows = usage["results"] if isinstance(usage, dict) else usage
+    assert [r["kind"] for r in rows] == ["usage"] and rows[0]["values"]["cpu_percent"] == 90.0
+    wrong = api.get(url, {"kind": "gpu"})
+    assert wrong.status_code == 400 and "train, test, usage" in wrong.json()["kind"][0]

@@ -143,8 +143,9 @@
    * keeps where it lies on each x axis the page offers ({x: step, t: seconds, e: epoch,
    * i: iteration, y}); what is drawn is made from them by the view at each redraw. */
   class SeriesChart {
-    constructor(canvas, { x, y, y2, stepped, empty, view, perStep, logAxes, epochOf }) {
+    constructor(canvas, { x, y, y2, stepped, empty, view, perStep, logAxes, epochOf, clockX }) {
       this.stepped = stepped || {};
+      this.clockX = !!clockX; // its x is always seconds, shown as m:ss
       this.view = view;
       this.perStep = !!perStep; // its x axis follows the view (step, epoch or time)
       this.xTitle = x;
@@ -228,6 +229,7 @@
         scales.x.title.text = X_TITLES[this.view.x];
         scales.x.ticks = this.view.x === "time" ? { callback: (v) => clock(v) } : {};
       }
+      if (this.clockX) scales.x.ticks = { callback: (v) => clock(v) };
       for (const axis of this.logAxes) scales[axis].type = this.view.logY ? "logarithmic" : "linear";
       const empty = ![...this.points.values()].some((p) => p.length);
       // An empty chart says so in words instead of drawing axes from 0 to 1.
@@ -262,8 +264,26 @@
       this.speed = chart("speed-chart", { x: "step", y: "samples/s", y2: "workers",
                                           perStep: true, stepped: { workers: true },
                                           empty: "No training speed yet" });
-      this.charts = [this.loss, this.perEpoch, this.speed];
+      // The host agents' samples of the job's processes (agent/usage.py), by time.
+      this.usage = chart("usage-chart", { x: "time since the first sample", y: "CPU % (100 = a core)",
+                                          y2: "MB", clockX: true,
+                                          empty: "No usage sampled yet" });
+      this.charts = [this.loss, this.perEpoch, this.speed, this.usage];
       this.step = 0;
+      this.usageStart = null;
+    }
+
+    addUsage(m) {
+      if (typeof m.ts !== "number") return;
+      if (this.usageStart === null) this.usageStart = m.ts;
+      const at = m.ts - this.usageStart;
+      const host = m.host ? " " + m.host : "";
+      this.usage.add("CPU %" + host, at, m.cpu_percent, "y");
+      this.usage.add("memory MB" + host, at, m.memory_mb, "y2");
+      if (typeof m.gpu_memory_mb === "number") {
+        this.usage.add("GPU memory MB" + host, at, m.gpu_memory_mb, "y2");
+      }
+      this.usage.draw();
     }
 
     _epochOf(epoch, iteration) {
@@ -309,6 +329,7 @@
 
     clear() {
       this.step = 0;
+      this.usageStart = null;
       this.itersIn.clear();
       for (const c of this.charts) { c.clear(); c.draw(); }
     }

@@ -139,6 +139,11 @@
     const latest = (rows) => rows.reduce((t, r) => Math.max(t, r.ts), -Infinity);
     page.lastMetric = { "metrics.train": latest(h.metrics.train),
                         "metrics.test": latest(h.metrics.test) };
+    for (const r of h.metrics.usage || []) {
+      const key = metricKey({ type: "metrics.usage", host: r.host });
+      page.lastMetric[key] = Math.max(page.lastMetric[key] ?? -Infinity, r.ts);
+      m.addUsage(r);
+    }
     h.metrics.train.forEach((r) => m.addTrain(r));
     h.metrics.test.forEach((r) => m.addEpoch(r, "test"));
     h.metrics.epochs.forEach((r) => m.addEpoch(r, "train"));
@@ -158,14 +163,22 @@
 
   function onEvent(page, ev) {
     if (ev.type === "log") showLog(page, ev, ev.seq);
-    else if (ev.type === "metrics.train" || ev.type === "metrics.test") onMetric(page, ev);
+    else if (ev.type.startsWith("metrics.")) onMetric(page, ev);
     else if (!page.events.has(ev)) onJobEvent(page, ev);
   }
 
+  /* Metrics come in order per sender: the driver's train and test metrics, each host
+   * agent's usage samples. */
+  function metricKey(ev) {
+    return ev.type === "metrics.usage" ? ev.type + ":" + (ev.host || "") : ev.type;
+  }
+
   function onMetric(page, ev) {
+    const key = metricKey(ev);
     // The database keeps microseconds: anything up to the last stored one is shown already.
-    if (ev.ts <= (page.lastMetric[ev.type] ?? -Infinity) + 1e-6) return;
-    page.lastMetric[ev.type] = ev.ts;
+    if (ev.ts <= (page.lastMetric[key] ?? -Infinity) + 1e-6) return;
+    page.lastMetric[key] = ev.ts;
+    if (ev.type === "metrics.usage") { page.metrics.addUsage(ev); return; }
     if (ev.type === "metrics.test") { page.metrics.addEpoch(ev, "test"); return; }
     page.metrics.addTrain(ev);
     page.summary.progress(ev.epoch_shown, ev.iteration);
