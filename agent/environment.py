@@ -107,6 +107,8 @@ def build_env(job: TrainingJob, role: str, extra: dict[str, str] | None = None) 
             env[name] = os.environ[name]
     # The instance group's retention of per-epoch model files; the job's own variables win.
     env["EDT_KEEP_EPOCH_MODELS"] = str(job.instance_group.keep_epoch_models)
+    if job.instance_group.keep_best_by:
+        env["EDT_KEEP_BEST_BY"] = job.instance_group.keep_best_by
     # Submit refuses reserved names (jobs.validation); a row written before that rule, or by
     # hand, still cannot override what the agent sets.
     env.update({k: str(v) for k, v in (job.env_vars or {}).items() if not is_reserved_env(k)})

@@ -81,9 +81,11 @@ class InstanceGroupForm(forms.ModelForm):
     class Meta:
         model = InstanceGroup
         fields = ["name", "resource_group", "policy", "preemption", "reclaim_grace_s",
-                  "default_environment", "allow_model_requirements", "keep_epoch_models"]
+                  "default_environment", "allow_model_requirements", "keep_epoch_models",
+                  "keep_best_by"]
         labels = {
             "keep_epoch_models": "Epochs whose model files each job keeps",
+            "keep_best_by": "Also keep the best epoch's, by",
             "default_environment": "Default environment",
             "allow_model_requirements": "Build models' own requirements (requirements.txt)",
             "resource_group": "Resource group for executors (GPU slots)",

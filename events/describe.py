@@ -87,6 +87,10 @@ _MESSAGES: dict[str, Callable[[Event], str]] = {
     "worker.left": lambda e: f"Worker {e.get('worker_id')} left ({e.get('reason', 'unknown')})",
     "epoch.end": _epoch_end,
     "checkpoint.saved": lambda e: f"Checkpoint saved after epoch {_epoch_text(e)}",
+    "checkpoint.best": lambda e: (
+        f"Best {e.get('metric', '?')} so far: {e.get('value', '?'):.4g} after epoch "
+        f"{_epoch_text(e)}; its model files are kept" if isinstance(e.get("value"), int | float)
+        else f"Best {e.get('metric', '?')} so far after epoch {_epoch_text(e)}"),
     "checkpoint.skipped": _checkpoint_skipped,
     "checkpoint.failed": (
         lambda e: f"Checkpoint write failed ({e.get('error', '?')}); training goes on"

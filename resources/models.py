@@ -3,12 +3,23 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from resources.names import NAME_MAX_LENGTH
 from runtime.config import KEEP_EPOCH_MODELS
+
+
+def validate_best_by(value: str) -> None:
+    """``name``, ``name:max`` or ``name:min`` (runtime.config.best_by reads it in the job)."""
+    name, colon, mode = value.partition(":")
+    if colon and mode.strip().lower() not in ("max", "min"):
+        raise ValidationError(f"'{value}': after the metric's name, ':max' or ':min' (or "
+                              "nothing: a name with loss or error in it is best lowest).")
+    if value and not name.strip():
+        raise ValidationError("Name the test metric first, e.g. accuracy or loss:min.")
 
 
 class Host(models.Model):
@@ -169,6 +180,12 @@ class InstanceGroup(models.Model):
         validators=[MaxValueValidator(100_000)],
         help_text="The epochs whose model files each job keeps (the last ones; 0 keeps every "
                   "epoch's). A job may set its own with EDT_KEEP_EPOCH_MODELS.",
+    )
+    keep_best_by = models.CharField(
+        max_length=100, blank=True, validators=[validate_best_by],
+        help_text="A test metric whose best epoch's model files each job also keeps, e.g. "
+                  "accuracy or loss:min (empty: only the last ones). A job may set its own with "
+                  "EDT_KEEP_BEST_BY.",
     )
     created = models.DateTimeField(default=timezone.now)
 

@@ -61,11 +61,13 @@ import torch
 
 from . import events
 from . import state as state_mod
-from .config import KEEP_EPOCH_MODELS, attempt_from_environ
+from .config import KEEP_EPOCH_MODELS, attempt_from_environ, best_by
 
 STATE_FILE = "edt_state.pth"
 MANIFEST = "manifest.json"
 KEEP = 3  # the latest checkpoint and the two before it
+# The best epoch by the job's chosen test metric (EDT_KEEP_BEST_BY), beside its model files.
+BEST_FILE = "best.json"
 _EPOCH_MODEL = re.compile(r"^model_epoch_(\d+)(?:_optimizer_state)?\.pth$")
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old is stale even if its writer looks alive
@@ -408,11 +410,12 @@ class ResultWriter:
 
     def __init__(self, result_dir: str | None, checkpoint_dir: str | None,
                  keep: int = KEEP, *, attempt: int | None = None,
-                 keep_epoch_models: int = KEEP_EPOCH_MODELS) -> None:
+                 keep_epoch_models: int = KEEP_EPOCH_MODELS, keep_best_by: str = "") -> None:
         self.result_dir = result_dir
         self.checkpoint_dir = checkpoint_dir
         self.keep = max(1, keep)
         self.keep_epoch_models = max(0, keep_epoch_models)
+        self.best_by = best_by(keep_best_by)
         # The job attempt this process belongs to (``EDT_ATTEMPT`` by default): its writes
         # are refused once the agent has started a newer one (see ``fenced``).
         self.attempt = attempt if attempt is not None else attempt_from_environ()
@@ -555,10 +558,44 @@ class ResultWriter:
         return [model_path, opt_path]
 
 
+    def best(self) -> dict[str, Any] | None:
+        """The best epoch so far by ``keep_best_by``, as kept in ``model/train/best.json``
+        (it survives a restart of the job): ``{"metric", "mode", "value", "epoch", "files"}``."""
+        folder = self.train_model_dir
+        if not folder or not self.best_by:
+            return None
+        try:
+            with open(os.path.join(folder, BEST_FILE), encoding="utf-8") as f:
+                best = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return best if best.get("metric") == self.best_by[0] else None
+
+    def note_test(self, epoch: int, metrics: dict[str, Any]) -> dict[str, Any] | None:
+        """Record ``epoch``'s test metrics; returns the new best when this epoch is it.
+
+        The test of epoch ``e`` (counted from 0) is of the weights saved as
+        ``model_epoch_<e + 1>`` (a checkpoint is tagged with the epoch it resumes at)."""
+        value = metrics.get(self.best_by[0]) if self.best_by else None
+        folder = self.train_model_dir
+        if not isinstance(value, int | float) or not folder:
+            return None
+        name, mode = self.best_by
+        best = self.best()
+        if best is not None and not (value > best["value"] if mode == "max"
+                                     else value < best["value"]):
+            return None
+        best = {"metric": name, "mode": mode, "value": value, "epoch": epoch,
+                "files": f"model_epoch_{epoch + 1}"}
+        os.makedirs(folder, exist_ok=True)
+        atomic_write(os.path.join(folder, BEST_FILE), json.dumps(best).encode())
+        return best
+
     def _prune_epoch_models(self) -> list[str]:
-        """Remove the per-epoch model files beyond the last ``keep_epoch_models`` epochs (a
-        long run's results stay small); returns the names removed. This process writes the
-        folder as the job's own account: nobody else's files are in it."""
+        """Remove the per-epoch model files beyond the last ``keep_epoch_models`` epochs, but
+        the best epoch's by ``keep_best_by`` (a long run's results stay small); returns the
+        names removed. This process writes the folder as the job's own account: nobody else's
+        files are in it."""
         folder = self.train_model_dir
         if not folder or not self.keep_epoch_models:
             return []
@@ -567,7 +604,9 @@ class ResultWriter:
             m = _EPOCH_MODEL.match(name)
             if m:
                 found.setdefault(int(m.group(1)), []).append(name)
-        old = sorted(found)[:-self.keep_epoch_models]
+        best = self.best()
+        kept_best = best["epoch"] + 1 if best else None
+        old = [e for e in sorted(found)[:-self.keep_epoch_models] if e != kept_best]
         removed = [name for epoch in old for name in found[epoch]]
         for name in removed:
             try:

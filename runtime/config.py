@@ -77,6 +77,19 @@ DRIVER_EXIT_FAILED = 6
 KEEP_EPOCH_MODELS = 5
 
 
+def best_by(spec: str) -> tuple[str, str] | None:
+    """``EDT_KEEP_BEST_BY``: the test metric whose best epoch's model files are kept beside the
+    last ones, as ``name``, ``name:max`` or ``name:min``. Without a direction, a name with
+    "loss" or "error" in it is best lowest, any other highest (accuracy, F1...). None: off."""
+    name, _, mode = (spec or "").strip().partition(":")
+    name, mode = name.strip(), mode.strip().lower()
+    if not name:
+        return None
+    if mode not in ("max", "min"):
+        mode = "min" if ("loss" in name.lower() or "error" in name.lower()) else "max"
+    return name, mode
+
+
 class DriverState(StrEnum):
     """A driver's state, as its ``status`` answers and its ``job.state`` events say. A StrEnum:
     on the wire (JSON) it is the plain name, and the host agent compares what it reads with
@@ -139,6 +152,7 @@ class JobEnv:
     attempt: int | None = None
     secret: str = field(default="", repr=False)
     keep_epoch_models: int = KEEP_EPOCH_MODELS
+    keep_best_by: str = ""
 
     def connect_timeout_s(self, world: int) -> float:
         """The timeout gloo is given for each connection as a generation of ``world`` forms.
@@ -184,6 +198,7 @@ class JobEnv:
             attempt=attempt_from_environ(),
             secret=env.get("EDT_JOB_SECRET", ""),
             keep_epoch_models=max(0, _int("EDT_KEEP_EPOCH_MODELS", KEEP_EPOCH_MODELS)),
+            keep_best_by=env.get("EDT_KEEP_BEST_BY", ""),
         )
 
 

@@ -71,7 +71,8 @@ class Driver:
         self.env = env
         self.logger = logger if logger is not None else ELogLogger(env.result_dir)
         self.cfg = cfg
-        self.results = Results(env.result_dir, env.checkpoint_dir, env.keep_epoch_models)
+        self.results = Results(env.result_dir, env.checkpoint_dir, env.keep_epoch_models,
+                               env.keep_best_by)
         self.done = threading.Event()
         self.outcome = DriverState.RUNNING
         self.error: str | None = None
@@ -80,7 +81,8 @@ class Driver:
         self.iteration = 0
         self.global_step = 0
         self.state = DriverState.STARTING
-        self.reports = Reports(self.logger, env.metrics_interval_s)
+        self.reports = Reports(self.logger, env.metrics_interval_s,
+                               on_test=self.results.note_test)
         self._lock = threading.Lock()
         self.addr = ""
         self._ops = {

@@ -47,6 +47,8 @@ Types and their fields (stable; the console depends on them):
 - ``epoch.end``: ``epoch``, ``epochs`` (how many the job trains), ``global_step``, ``loss``,
   metrics, ``duration_s``
 - ``checkpoint.saved``: ``path``, ``epoch`` (epochs completed), ``sha256``
+- ``checkpoint.best``: ``epoch`` (counted from 0), ``metric``, ``value`` (a new best test
+  figure by ``EDT_KEEP_BEST_BY``: that epoch's model files are kept beside the last ones)
 - ``checkpoint.skipped``: ``path``, ``epoch``, ``seq``, ``reason`` (a checkpoint not loaded
   because it is missing, corrupt or not a plain training state; the one before is tried)
 - ``checkpoint.failed``: ``path``, ``epoch``, ``error`` (a checkpoint that could not be
@@ -91,7 +93,8 @@ _TEXT_KEEP = 4096  # characters kept of a long text field of an event that is to
 RUNTIME_TYPES = frozenset({
     "job.state", "generation.changed", "worker.joining", "worker.joined", "worker.left",
     "metrics.train", "metrics.test", "epoch.end", "checkpoint.saved", "checkpoint.skipped",
-    "checkpoint.failed", "checkpoint.fenced", "model.saved", "log", "error", "pull.failed",
+    "checkpoint.failed", "checkpoint.fenced", "checkpoint.best", "model.saved", "log", "error",
+    "pull.failed",
 })
 
 _lock = threading.Lock()

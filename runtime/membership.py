@@ -114,9 +114,10 @@ class StandaloneMembership(Membership):
     def __init__(self, env: JobEnv, state: TrainingState, driver_logger: Any) -> None:
         super().__init__(env, state)
         state.has_state = True  # its own fresh weights, or its checkpoint's
+        self.results = Results(env.result_dir, env.checkpoint_dir, env.keep_epoch_models,
+                               env.keep_best_by)
         self.reports = Reports(driver_logger or ELogLogger(env.result_dir),
-                               env.metrics_interval_s)
-        self.results = Results(env.result_dir, env.checkpoint_dir, env.keep_epoch_models)
+                               env.metrics_interval_s, on_test=self.results.note_test)
 
     def start(self, on_regroup: Callable[[], None]) -> None:
         blob = checkpoint.load_latest(self.env.checkpoint_dir)

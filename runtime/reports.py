@@ -7,6 +7,7 @@ training (reports are handed over in-process), so both log the same way.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import events
@@ -14,8 +15,10 @@ from .callbacks import log_metrics
 
 
 class Reports:
-    def __init__(self, logger: Any, metrics_interval_s: float) -> None:
+    def __init__(self, logger: Any, metrics_interval_s: float,
+                 on_test: Callable[[int, dict[str, float]], None] | None = None) -> None:
         self.logger = logger
+        self.on_test = on_test  # told each epoch's test metrics (the retention of the best)
         self.metrics_interval_s = metrics_interval_s
         self.epoch = 0
         self.iteration = 0
@@ -34,6 +37,8 @@ class Reports:
             log_metrics(self.logger, "log_test_metrics", metrics, self.global_step, r["epoch"],
                         r.get("workers", self.workers))
             events.emit("metrics.test", epoch=r["epoch"], samples=r.get("samples"), **metrics)
+            if self.on_test is not None:
+                self.on_test(r["epoch"], metrics)
         elif kind == "epoch":
             avg = {k: v / max(1, self._n) for k, v in self._acc.items()}
             events.emit("epoch.end", epoch=r["epoch"], epochs=r.get("epochs"),

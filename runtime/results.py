@@ -15,9 +15,17 @@ class Results:
     """A job's checkpoints, final model and ONNX file."""
 
     def __init__(self, result_dir: str | None, checkpoint_dir: str | None,
-                 keep_epoch_models: int = KEEP_EPOCH_MODELS) -> None:
+                 keep_epoch_models: int = KEEP_EPOCH_MODELS, keep_best_by: str = "") -> None:
         self.writer = checkpoint.ResultWriter(result_dir, checkpoint_dir,
-                                              keep_epoch_models=keep_epoch_models)
+                                              keep_epoch_models=keep_epoch_models,
+                                              keep_best_by=keep_best_by)
+
+    def note_test(self, epoch: int, metrics: dict[str, float]) -> None:
+        """An epoch's test metrics: the best epoch by ``keep_best_by`` keeps its model files."""
+        best = self.writer.note_test(epoch, metrics)
+        if best:
+            events.emit("checkpoint.best", epoch=best["epoch"], metric=best["metric"],
+                        value=best["value"])
 
     def save_checkpoint(self, blob: bytes) -> None:
         manifest = self.writer.save_checkpoint(blob)

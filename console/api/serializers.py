@@ -71,7 +71,7 @@ class InstanceGroupSerializer(serializers.ModelSerializer):
             "reclaim_grace_s",
             "default_environment",
             "allow_model_requirements",
-            "keep_epoch_models",
+            "keep_epoch_models", "keep_best_by",
             "created",
         ]
         read_only_fields = ["created"]

@@ -403,3 +403,19 @@ def test_an_instance_groups_retention_is_set_within_bounds(api, admin, cluster, 
     assert response.status_code == status, response.json()
     group.refresh_from_db()
     assert group.keep_epoch_models == (value if status == 200 else 5)
+
+
+@pytest.mark.parametrize(("value", "status"), [("accuracy", 200), ("val_loss:min", 200),
+                                               ("accuracy:best", 400), (":max", 400)])
+def test_an_instance_group_keeps_the_best_epoch_by_a_metric_it_names(api, admin, cluster, job,
+                                                                     value, status):
+    from agent.environment import build_env
+
+    group = cluster["instance_group"]
+    response = api(admin).patch(f"/api/v1/instance-groups/{group.pk}/",
+                                {"keep_best_by": value}, format="json")
+    assert response.status_code == status, response.json()
+    group.refresh_from_db()
+    assert group.keep_best_by == (value if status == 200 else "")
+    job.refresh_from_db()
+    assert build_env(job, "driver").get("EDT_KEEP_BEST_BY") == (value if status == 200 else None)

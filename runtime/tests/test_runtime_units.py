@@ -112,6 +112,31 @@ def test_a_400_epoch_run_keeps_the_last_five_epochs_model_files_and_its_final_mo
     assert len([n for n in os.listdir(tmp_path / "checkpoint") if n.endswith(".pth")]) == 3
 
 
+def test_the_best_epoch_by_a_test_metric_keeps_its_model_files_beside_the_last_ones(
+        tmp_path: Path) -> None:
+    from runtime.config import best_by
+
+    model, opt = _model_and_opt()
+    writer = ResultWriter(str(tmp_path), str(tmp_path / "checkpoint"), keep_epoch_models=2,
+                          keep_best_by="accuracy")
+    accuracy = {0: 0.5, 1: 0.9, 2: 0.7, 3: 0.6, 4: 0.8, 5: 0.85}
+    news = []
+    for epoch, value in accuracy.items():
+        # As a worker reports: the test of epoch e, then the checkpoint tagged e + 1.
+        news.append(writer.note_test(epoch, {"accuracy": value, "loss": 1 - value}))
+        writer.save_checkpoint(dumps(snapshot(model, opt, Position(epoch=epoch + 1))))
+    assert [b["epoch"] for b in news if b] == [0, 1]  # only a better figure is news
+    kept = sorted({int(n.split("_")[2].removesuffix(".pth"))
+                   for n in os.listdir(tmp_path / "model" / "train") if n.endswith(".pth")})
+    assert kept == [2, 5, 6]  # the best (after epoch 1) and the last two
+    # A restarted job reads the best back: a worse figure later does not displace it.
+    again = ResultWriter(str(tmp_path), str(tmp_path / "checkpoint"), keep_epoch_models=2,
+                         keep_best_by="accuracy:max")
+    assert again.best()["value"] == 0.9 and again.note_test(6, {"accuracy": 0.89}) is None
+    assert best_by("val_loss") == ("val_loss", "min") and best_by("f1") == ("f1", "max")
+    assert best_by("loss:max") == ("loss", "max") and best_by(" ") is None
+
+
 def test_keeping_every_epochs_model_files_is_a_setting(tmp_path: Path) -> None:
     model, opt = _model_and_opt()
     writer = ResultWriter(str(tmp_path), str(tmp_path / "checkpoint"), keep_epoch_models=0)
