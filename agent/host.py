@@ -51,6 +51,16 @@ def leave(*, name: str, reason: str = "agent stopped") -> int:
     return len(released)
 
 
+def cpu_slots_warning(slots: int, cores: int) -> str | None:
+    """What to tell an admin whose host offers more CPU slots than it has cores: its workers
+    then share cores, and a job grown onto them trains no faster (often slower)."""
+    if slots <= cores:
+        return None
+    return (f"{slots} CPU slots on {cores} core{'s' if cores != 1 else ''}: workers will share "
+            f"cores and a job trains no faster for the extra slots (--cpu-slots {cores} or "
+            "fewer; EDT_CPU_SLOTS).")
+
+
 class HostAgent:
     def __init__(
         self,
@@ -85,12 +95,17 @@ class HostAgent:
 
     def register(self) -> int:
         gpus = discover()
+        cores = os.cpu_count() or 1
+        crowded = cpu_slots_warning(self.cpu_slots, cores) if not gpus else None
+        if crowded:
+            log.warning("agent %s: %s", self.name, crowded)
         host_register(
             name=self.name,
             address=self.address,
             cpu_slots=self.cpu_slots,
             gpus=gpus,
             info={"python": platform.python_version(), "platform": platform.platform(),
+                  "cpu_cores": cores, **({"cpu_slots_warning": crowded} if crowded else {}),
                   **({"accounts": self.accounts} if self.accounts else {}),
                   **({"limits": self.limits} if self.limits else {})},
         )

@@ -63,6 +63,26 @@ def test_it_releases_the_slots_of_a_host_that_leaves(job, cluster):
     assert SlotAllocation.objects.get().release_reason == "host_lost"
 
 
+@pytest.mark.django_db
+def test_more_cpu_slots_than_cores_is_said_in_the_log_and_on_the_hosts_page(monkeypatch, caplog,
+                                                                            admin, client):
+    from django.urls import reverse
+
+    from agent.host import HostAgent, cpu_slots_warning
+
+    assert cpu_slots_warning(4, 4) is None and cpu_slots_warning(1, 2) is None
+    monkeypatch.setattr("agent.host.discover", lambda: [])
+    monkeypatch.setattr("agent.host.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("agent.host.platform.platform", lambda: "Linux")  # it runs uname -p
+    HostAgent(name="crowded", cpu_slots=8).register()
+    said = cpu_slots_warning(8, 2)
+    assert said.startswith("8 CPU slots on 2 cores") and said in caplog.text
+    assert Host.objects.get(name="crowded").agent_info["cpu_slots_warning"] == said
+    client.force_login(admin)
+    page = client.get(reverse("hosts")).content.decode()
+    assert "data-cpu-slots-warning" in page and "8 CPU slots on 2 cores" in page
+
+
 def _agent_env(prefix: str) -> dict[str, str]:
     s = connection.settings_dict
     if connection.vendor == "postgresql":
