@@ -20,3 +20,15 @@ class OwnedQuerySet(models.QuerySet):
         if is_admin(user):
             return self
         return self.filter(owner=user)
+
+
+class RetirableQuerySet(OwnedQuerySet):
+    """Rows a user deleted while keeping the runs that used them (``deleted`` set): gone from
+    every list, form and page of their own, still shown by name on those runs' pages (a job
+    reaches its model through its foreign key, which does not filter)."""
+
+    def visible_to(self, user) -> RetirableQuerySet:
+        return super().visible_to(user).filter(deleted__isnull=True)
+
+    def live(self) -> RetirableQuerySet:
+        return self.filter(deleted__isnull=True)

@@ -57,9 +57,12 @@ def job_curves(job: TrainingJob) -> dict[str, list[dict[str, float]]]:
 
 # What a run was started with, beside its hyper-parameters: a difference here explains a
 # difference in the curves as often as a learning rate does.
-_SETTINGS = (("model", lambda job: job.model.name), ("max workers", lambda job: job.max_workers),
-             ("arguments", lambda job: job.args), ("instance group",
-                                                   lambda job: job.instance_group.name))
+_SETTINGS = (
+    ("model", lambda job: job.model.shown_name),
+    ("max workers", lambda job: job.max_workers),
+    ("arguments", lambda job: job.args),
+    ("instance group", lambda job: job.instance_group.name),
+)
 _MISSING = "—"
 
 

@@ -230,9 +230,18 @@ def dataset_delete(request: HttpRequest, pk: int) -> HttpResponse:
     use it must go first (they are named with links): deleting a model is a choice of its own."""
     dataset = _visible_dataset(request, pk)
     plan = delete_plan(dataset.jobs.all(), request.user)
-    plan.models = list(ModelDefinition.objects.filter(dataset=dataset).select_related("owner"))
+    using = ModelDefinition.objects.filter(dataset=dataset).select_related("owner")
+    plan.models = list(using.live())
+    # A model deleted with its runs kept (job_services.model_retire) goes for good with the
+    # dataset, once those runs went with it (the plan's jobs).
+    retired = using.filter(deleted__isnull=False)
+
+    def delete(*, user, dataset: Dataset) -> None:
+        retired.delete()
+        dataset_services.dataset_delete(dataset=dataset, user=user)
+
     return _confirm_or_delete(
-        request, dataset, what="dataset", plan=plan, delete=dataset_services.dataset_delete,
+        request, dataset, what="dataset", plan=plan, delete=delete,
         back="datasets", template="console/dataset_delete.html",
     )
 
@@ -295,10 +304,23 @@ def model_delete(request: HttpRequest, pk: int) -> HttpResponse:
     that has not ended stops the delete until it is stopped and has ended."""
     model = _visible_model(request, pk)
     plan = delete_plan(model.jobs.all(), request.user)
+    if request.method == "POST" and request.POST.get("keep_runs") and not plan.blocked:
+        return _retire_model(request, model)
     return _confirm_or_delete(
         request, model, what="model", plan=plan, delete=model_services.model_delete,
         back="models", template="console/model_delete.html",
     )
+
+
+def _retire_model(request: HttpRequest, model: ModelDefinition) -> HttpResponse:
+    """"Delete the model, keep its runs": its ended jobs stay, naming it "(deleted)"."""
+    try:
+        job_services.model_retire(model=model, user=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("model-delete", pk=model.pk)
+    messages.success(request, f"Model {model.name} deleted; its runs are kept.")
+    return redirect("models")
 
 
 # --- resource and instance groups --------------------------------------------------------------

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from config.control_plane import wake_scheduler
 from config.ownership import is_admin
+from datasets.models import Upload
 from environments.models import Environment
 from environments.services import environment_for
 from jobs import jobfiles, jobwrites, states
@@ -28,6 +29,7 @@ from jobs.validation import (
     validate_env_vars,
     validate_model_location,
 )
+from models.models import ModelDefinition
 from models.validation import check_main_file, validate_hyper_parameters
 from resources.names import check_name_length
 
@@ -380,3 +382,26 @@ def job_delete(*, job: TrainingJob, user) -> list[str]:
         if folder is not None:
             transaction.on_commit(lambda: left.extend(remove_result_folder(folder)))
     return left
+
+
+def model_retire(*, model: ModelDefinition, user) -> None:
+    """Delete a model but keep the ended jobs that ran it, their records, metrics and results:
+    the model leaves every list and form (its name is free again) and those jobs show it as
+    "name (deleted)". An uploaded folder goes (each job ran its own copy, in its result folder's
+    ``_submitted_code``); a folder the user named stays, as on a delete. A job of it that has
+    not ended keeps it from going (it reads the folder again at each restart)."""
+    if model.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("You can only delete your own models.")
+    with transaction.atomic():
+        model = ModelDefinition.objects.select_for_update().get(pk=model.pk)
+        running = model.jobs.exclude(state__in=states.TERMINAL).values_list("pk", flat=True)
+        if running:
+            raise ValidationError(f"Job {', '.join(f'#{pk}' for pk in running)} of this model "
+                                  "has not ended: stop it first.")
+        if not model.jobs.exists():
+            model.delete()
+            return
+        model.deleted = timezone.now()
+        model.save(update_fields=["deleted"])
+        if model.upload_id is not None:
+            Upload.objects.filter(pk=model.upload_id).delete()  # its folder, after the commit

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from config.ownership import OwnedQuerySet
+from config.ownership import RetirableQuerySet
 from resources.names import NAME_MAX_LENGTH
 
 
@@ -51,13 +51,23 @@ class ModelDefinition(models.Model):
         blank=True, help_text="Packages its jobs need beyond the environment's, one a line.")
     created = models.DateTimeField(default=timezone.now)
 
-    objects = OwnedQuerySet.as_manager()
+    # Set when it was deleted and its ended jobs kept (they still name it): see
+    # ``config.ownership.RetirableQuerySet``.
+    deleted = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = RetirableQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
         constraints = [
-            models.UniqueConstraint(fields=["owner", "name"], name="model_name_unique_per_owner")
+            models.UniqueConstraint(fields=["owner", "name"], name="model_name_unique_per_owner",
+                                    condition=models.Q(deleted__isnull=True))
         ]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def shown_name(self) -> str:
+        """Its name as the runs that used it show it: "(deleted)" once it is."""
+        return f"{self.name} (deleted)" if self.deleted else self.name

@@ -27,7 +27,7 @@ def _check_fields(*, owner, name: str, dataset, framework: str, engine: str) -> 
     if not name:
         raise ValidationError({"name": "A model needs a name."})
     check_name_length(name, "A model's name")
-    if ModelDefinition.objects.filter(owner=owner, name=name).exists():
+    if ModelDefinition.objects.live().filter(owner=owner, name=name).exists():
         raise ValidationError({"name": f"You already have a model named '{name}'."})
     if framework not in ModelDefinition.Framework.values:
         raise ValidationError({"framework": f"Framework '{framework}' is not supported (PyTorch)."})
@@ -146,6 +146,7 @@ def model_delete(*, model: ModelDefinition, user) -> None:
     model.delete()
 
 
+
 # model_update's default for a field the caller does not change.
 _KEEP = object()
 
@@ -171,7 +172,8 @@ def model_update(
         raise ValidationError({"name": "A model needs a name."})
     check_name_length(name, "A model's name")
     owner = model.owner
-    if ModelDefinition.objects.filter(owner=owner, name=name).exclude(pk=model.pk).exists():
+    if ModelDefinition.objects.live().filter(owner=owner, name=name).exclude(
+            pk=model.pk).exists():
         raise ValidationError({"name": f"You already have a model named '{name}'."})
     # As at creation: the model's owner's datasets (any, for an admin's own model).
     if dataset is not None and dataset.owner_id != owner.id and not is_admin(owner):

@@ -208,9 +208,19 @@ class ModelDefinitionViewSet(viewsets.ModelViewSet):
             )
         _update_only(serializer, self.UPDATABLE)
 
+    @extend_schema(parameters=[OpenApiParameter(
+        "keep_runs", bool, description="Keep the model's ended jobs (records, metrics, "
+        "results), showing it as deleted; without it, a model a job used is a 409.")])
+    def destroy(self, request, *args, **kwargs):
+        return super().destroy(request, *args, **kwargs)
+
     def perform_destroy(self, instance):
-        # An uploaded model's folder is removed with it; one a job uses is a 409.
-        call_service(model_services.model_delete, model=instance, user=self.request.user)
+        # An uploaded model's folder is removed with it; one a job uses is a 409, unless its
+        # runs are kept (?keep_runs=true).
+        if self.request.query_params.get("keep_runs", "").lower() in ("1", "true", "yes"):
+            call_service(job_services.model_retire, model=instance, user=self.request.user)
+        else:
+            call_service(model_services.model_delete, model=instance, user=self.request.user)
 
 
 class JobViewSet(

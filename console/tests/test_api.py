@@ -419,3 +419,14 @@ def test_an_instance_group_keeps_the_best_epoch_by_a_metric_it_names(api, admin,
     assert group.keep_best_by == (value if status == 200 else "")
     job.refresh_from_db()
     assert build_env(job, "driver").get("EDT_KEEP_BEST_BY") == (value if status == 200 else None)
+
+
+def test_a_model_deleted_over_the_api_can_keep_its_runs(api, owner, model_def, job):
+    from models.models import ModelDefinition
+
+    TrainingJob.objects.filter(pk=job.pk).update(state=states.FINISHED)
+    assert api(owner).delete(f"/api/v1/models/{model_def.pk}/").status_code == 409
+    assert api(owner).delete(f"/api/v1/models/{model_def.pk}/?keep_runs=true").status_code == 204
+    assert api(owner).get(f"/api/v1/models/{model_def.pk}/").status_code == 404
+    assert ModelDefinition.objects.get(pk=model_def.pk).deleted is not None
+    assert api(owner).get(f"/api/v1/jobs/{job.pk}/").json()["model"] == model_def.pk

@@ -282,6 +282,64 @@ def test_a_model_goes_with_its_ended_jobs_and_their_files(browser, owner, model_
     assert Path(model_def.location, "main.py").is_file(), "a folder the user named is theirs"
 
 
+def test_a_model_can_go_and_keep_its_runs_shown_as_deleted(browser, owner, model_def, job,
+                                                          cluster,
+                                                          django_capture_on_commit_callbacks):
+    from jobs.models import JobMetric
+
+    _end(job)
+    root = _results(job)
+    JobMetric.objects.create(job=job, kind="test", values={"accuracy": 0.9})
+    client = browser(owner)
+    page = client.get(reverse("model-delete", args=[model_def.pk])).content.decode()
+    assert "Delete the model, keep its 1 run" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("model-delete", args=[model_def.pk]), {"keep_runs": "1"})
+    assert response.status_code == 302 and response.url == reverse("models")
+    model_def.refresh_from_db()
+    assert model_def.deleted is not None
+    # Gone from the lists, its pages and the Train form; the name is free again.
+    models_page = client.get(reverse("models")).content.decode()
+    assert "its runs are kept" in models_page  # the message of the redirect
+    assert reverse("model", args=[model_def.pk]) not in models_page
+    assert client.get(reverse("model", args=[model_def.pk])).status_code == 404
+    assert client.get(reverse("model-train", args=[model_def.pk])).status_code == 404
+    assert not ModelDefinition.objects.visible_to(owner).filter(pk=model_def.pk).exists()
+    again = ModelDefinition.objects.create(owner=owner, name=model_def.name,
+                                           location=model_def.location)
+    assert again.pk != model_def.pk
+    # The run keeps its record, metrics and results, and names the model as deleted.
+    assert JobMetric.objects.filter(job=job).count() == 1 and root.exists()
+    job_page = client.get(reverse("job", args=[job.pk])).content.decode()
+    assert f"{model_def.name} (deleted)" in job_page and "Train again with changes" not in job_page
+    assert f"{model_def.name} (deleted)" in client.get(reverse("jobs")).content.decode()
+
+
+def test_keeping_the_runs_waits_for_a_running_job(browser, owner, model_def, job):
+    client = browser(owner)
+    page = client.get(reverse("model-delete", args=[model_def.pk])).content.decode()
+    assert "keep its" not in page
+    client.post(reverse("model-delete", args=[model_def.pk]), {"keep_runs": "1"})
+    model_def.refresh_from_db()
+    assert model_def.deleted is None
+
+
+def test_a_dataset_goes_with_a_deleted_models_kept_runs(browser, owner, model_def, job, cluster,
+                                                        django_capture_on_commit_callbacks):
+    from jobs.services import model_retire
+
+    _end(job)
+    model_retire(model=model_def, user=owner)
+    dataset = model_def.dataset
+    client = browser(owner)
+    page = client.get(reverse("dataset-delete", args=[dataset.pk])).content.decode()
+    assert "delete that model first" not in page  # a deleted model is not in the way
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reverse("dataset-delete", args=[dataset.pk]))
+    assert not type(dataset).objects.filter(pk=dataset.pk).exists()
+    assert not ModelDefinition.objects.filter(pk=model_def.pk).exists()
+
+
 # --- resource and instance groups ----------------------------------------------------------
 
 
