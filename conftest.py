@@ -237,6 +237,33 @@ def own_events_stream(settings):
     redis.Redis.from_url(settings.REDIS_URL).delete(settings.EDT_EVENTS_STREAM)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_local_jobs():
+    """The tests' local jobs (``runtime.tests.launcher.LocalJob``) fork their drivers and
+    workers from one warm interpreter per test process, started at the first one, as the host
+    agent does (``agent.warm``): one ``import torch`` instead of one per process (about 4 s of
+    CPU each on a CI core). A forked process runs the same script with the same environment;
+    the agent's own tests and ``runtime/tests/test_warm.py`` check that it behaves as a cold
+    one, and a test that must see a cold start asks for ``cold_processes``."""
+    from runtime.tests import launcher
+
+    launcher.LocalJob.fork_from_warm = True
+    try:
+        yield
+    finally:
+        launcher.LocalJob.fork_from_warm = False
+        launcher.stop_warm_pool()
+
+
+@pytest.fixture
+def cold_processes(monkeypatch) -> None:
+    """This test's local job starts each process as a new interpreter: for what only a cold
+    start shows (which copy of the runtime a fresh interpreter imports, from where)."""
+    from runtime.tests.launcher import LocalJob
+
+    monkeypatch.setattr(LocalJob, "fork_from_warm", False)
+
+
 @pytest.fixture(params=["cold", "warm"])
 def process_start(request):
     """How the agent starts a job's processes in this test: a new interpreter each (``None``),

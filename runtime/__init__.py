@@ -26,8 +26,21 @@ cluster. Modules:
 This package never imports Django.
 """
 
-from .callbacks import Callback, LoggerCallback
-from .context import current
-from .fabric_model import FabricModel
+from importlib import import_module
+from typing import Any
 
 __all__ = ["Callback", "FabricModel", "LoggerCallback", "current"]
+
+# Imported on first use (PEP 562): the console's, scheduler's and agent's processes read
+# ``runtime.config`` and the other light modules, and must not pay ``import torch`` (about
+# 2 s of CPU) at each start for a FabricModel they never use.
+_LAZY = {"Callback": ".callbacks", "LoggerCallback": ".callbacks", "current": ".context",
+         "FabricModel": ".fabric_model"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

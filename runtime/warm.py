@@ -301,7 +301,30 @@ def main() -> None:
     else:
         return
     del server, sock
-    run_main(target)
+    try:
+        run_main(target)
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    # A forked child ends as multiprocessing's do: the exit handlers and the standard streams,
+    # then os._exit, without the interpreter's teardown. That teardown would destroy the
+    # job's process groups, and the destructor of one whose member died mid-collective joins
+    # gloo's thread, which waits out the collective's timeout (minutes) first: a worker that
+    # finished training would hold its slot that long (found by runtime/tests'
+    # test_eight_workers_go_on_at_seven_when_rank_0_dies_mid_broadcast).
+    from runtime.membership import exit_at_once
+
+    exit_at_once(code)
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter exits with for ``sys.exit(code)``: a message is printed, then 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -115,6 +115,7 @@ def test_warm_processes_can_be_turned_off(settings):
     assert not warm.enabled()
 
 
+@pytest.mark.slow  # it starts a real warm process
 def test_pools_start_one_warm_process_per_interpreter_up_to_the_limit(settings):
     settings.EDT_WARM_PROCESSES = True
     pools = warm.WarmPools(limit=1)

@@ -30,3 +30,4 @@ def standalone_env(tmp_path: Path, monkeypatch) -> Iterator[JobEnv]:
     events.configure(source="standalone", log_dir=str(tmp_path / "log"), echo=False)
     yield JobEnv.from_environ()
     events.configure(source="standalone")
+

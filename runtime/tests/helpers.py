@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.tests.launcher import LocalJob
+from runtime.tests.launcher import LocalJob, run_script
 from tests.support import wait_until
 
 SCRIPT = str(Path(__file__).with_name("elastic_script.py"))
@@ -56,8 +56,7 @@ def run_standalone(
     env = dict(os.environ)
     env.pop("EDT_ROLE", None)
     env.update(base_env(result_dir, **extra))
-    return subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    return run_script([sys.executable, SCRIPT], env=env, timeout=timeout, cwd=str(REPO))
 
 
 def standalone_reference(tmp_path_factory, samples: int) -> Path:

@@ -30,13 +30,79 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
 from runtime import control
 
+# How long a process waits for the warm pool's first start (its import of torch) before it
+# starts cold instead.
+WARM_READY_S = 60.0
+
+
+class _Forked:
+    """A process the warm pool forked, with what ``LocalJob`` uses of ``subprocess.Popen``."""
+
+    def __init__(self, proc: Any) -> None:
+        self._proc = proc
+        self.pid = proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    def poll(self) -> int | None:
+        return self._proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._proc.wait(timeout)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # it exited in between
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+_warm: dict[str, Any] = {}
+_warm_lock = threading.Lock()
+
+
+def warm_pool() -> Any:
+    """The warm process (``agent.warm.WarmPool``) local jobs fork from when
+    ``LocalJob.fork_from_warm`` is set, started on first use (it imports torch meanwhile)."""
+    with _warm_lock:
+        if "pool" not in _warm:
+            from agent.warm import WarmPool
+
+            pool = WarmPool()
+            pool.start(sys.executable)
+            _warm["pool"] = pool
+        return _warm["pool"]
+
+
+def stop_warm_pool() -> None:
+    with _warm_lock:
+        pool = _warm.pop("pool", None)
+    if pool is not None:
+        pool.stop()
+
 
 class LocalJob:
+    # Fork this job's processes from a warm process, as the host agent does, instead of a new
+    # interpreter each: ``import torch`` and the runtime cost some 4 s of CPU per process on a
+    # CI core, paid once per test session instead. The test suite sets it (conftest.py); off
+    # (the benches, a script): every process is a new interpreter.
+    fork_from_warm = False
+
     def __init__(
         self,
         script: str | None = None,
@@ -80,8 +146,11 @@ class LocalJob:
         self._files.append(f)
         return f
 
-    def _spawn(self, name: str, env: dict[str, str]) -> subprocess.Popen:
+    def _spawn(self, name: str, env: dict[str, str]) -> subprocess.Popen | _Forked:
         out = self._log_file(name)
+        forked = self._fork(out, env)
+        if forked is not None:
+            return forked
         return subprocess.Popen(
             [self.python, *self.target, *self.args],
             cwd=self.cwd,
@@ -89,6 +158,20 @@ class LocalJob:
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+    def _fork(self, out, env: dict[str, str]) -> _Forked | None:
+        """The process forked from the warm pool, or None (no pool, a module to run, another
+        interpreter, or the pool could not: the caller starts it cold)."""
+        if not LocalJob.fork_from_warm or self.target[0] == "-m" or self.python != sys.executable:
+            return None
+        pool = warm_pool()
+        if not pool.ready(WARM_READY_S):
+            return None
+        with open(os.devnull, "wb") as no_events:  # its events go to Redis or its log dir
+            child = pool.spawn([self.python, *self.target, *self.args], cwd=self.cwd, env=env,
+                               fds=(out.fileno(), no_events.fileno()), uid=None, gid=None,
+                               umask=None)
+        return _Forked(child) if child is not None else None
 
     def start_driver(self, timeout: float = 60.0, env_extra: dict[str, str] | None = None) -> str:
         addr_file = os.path.join(self._tmp, "driver_addr")
@@ -191,3 +274,28 @@ class LocalJob:
 
     def __exit__(self, *exc: Any) -> None:
         self.terminate()
+
+
+def run_script(argv: list[str], *, env: dict[str, str], cwd: str,
+               timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True)`` for ``python script ...``,
+    forked from the warm pool when the tests ask (``LocalJob.fork_from_warm``). A forked
+    process has one output: it is both ``stdout`` and ``stderr`` of the result."""
+    pool = warm_pool() if LocalJob.fork_from_warm and argv[0] == sys.executable else None
+    if pool is None or argv[1] == "-m" or not pool.ready(WARM_READY_S):
+        return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout)
+    with tempfile.TemporaryFile() as out, open(os.devnull, "wb") as no_events:
+        child = pool.spawn(argv, cwd=cwd, env=env, fds=(out.fileno(), no_events.fileno()),
+                           uid=None, gid=None, umask=None)
+        if child is None:
+            return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
+                                  timeout=timeout)
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _Forked(child).kill()
+            raise
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    return subprocess.CompletedProcess(argv, code, text, text)

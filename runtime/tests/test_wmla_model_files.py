@@ -155,7 +155,7 @@ def test_it_runs_a_wmla_model_folder_standalone(tmp_path: Path, fabric_home: Pat
 
 
 @pytest.mark.slow
-def test_it_runs_a_wmla_model_folder_under_the_cluster(tmp_path: Path,
+def test_it_runs_a_wmla_model_folder_under_the_cluster(cold_processes, tmp_path: Path,
                                                        fabric_home: Path) -> None:
     (tmp_path / "main.py").write_text(MAIN)
     env = _env(tmp_path, fabric_home)
