@@ -18,6 +18,7 @@ import platform
 import socket
 import threading
 import warnings
+from importlib import import_module
 
 from celery.exceptions import SecurityWarning
 from celery.signals import worker_shutting_down
@@ -181,6 +182,10 @@ class HostAgent:
         self.check_accounts()
         self.check_limits()  # before the warm process starts: v2 may move the agent's group
         self.start_warm_process()
+        # The task modules (and what they import: the runtime's checkpoint fencing, torch) load
+        # now, before the host offers its slots: loaded by the first task instead, they held
+        # the first launches past the scheduler's driver timeout on a busy machine.
+        import_module("agent.tasks")
         slots = self.register()
         self.prepare_environments()
         # Address the driver advertises to workers on other hosts.

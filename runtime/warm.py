@@ -306,14 +306,17 @@ def main() -> None:
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    # A forked child ends as multiprocessing's do: the exit handlers and the standard streams,
-    # then os._exit, without the interpreter's teardown. That teardown would destroy the
-    # job's process groups, and the destructor of one whose member died mid-collective joins
-    # gloo's thread, which waits out the collective's timeout (minutes) first: a worker that
-    # finished training would hold its slot that long (found by runtime/tests'
-    # test_eight_workers_go_on_at_seven_when_rank_0_dies_mid_broadcast).
+    # A forked child ends as multiprocessing's do: its threads joined, the exit handlers and
+    # the standard streams, then os._exit, without the interpreter's teardown. That teardown
+    # would destroy the job's process groups, and the destructor of one whose member died
+    # mid-collective joins gloo's thread, which waits out the collective's timeout (minutes)
+    # first: a worker that finished training would hold its slot that long (found by
+    # test_eight_workers_go_on_at_seven_when_rank_0_dies_mid_broadcast in runtime/tests).
+    import threading
+
     from runtime.membership import exit_at_once
 
+    threading._shutdown()  # the script's own threads finish first, as at any interpreter's end
     exit_at_once(code)
 
 

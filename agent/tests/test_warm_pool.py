@@ -89,6 +89,15 @@ def test_a_fork_that_answers_too_late_is_killed_not_left_running(pool, main_file
                                                                    caplog):
     """The caller started that process cold already: a second copy must not run."""
     monkeypatch.setattr(warm, "REPLY_S", 0.0)  # every answer comes too late
+    # ... even one read within the same instant (a wait of 0 s takes an answer already there).
+    dispatch = warm.WarmPool._dispatch
+
+    def late(self, message):
+        if "id" in message:
+            time.sleep(0.2)
+        return dispatch(self, message)
+
+    monkeypatch.setattr(warm.WarmPool, "_dispatch", late)
     with caplog.at_level(logging.WARNING, logger="edt.execution"):
         assert _spawn(pool, main_file, "hold") is None
         deadline = time.monotonic() + 60

@@ -180,7 +180,7 @@
       const c = PALETTE[this.points.size % PALETTE.length];
       const points = [];
       this.points.set(name, points);
-      const line = { label: name, data: [], borderColor: c, backgroundColor: c,
+      const line = { label: name, data: points, borderColor: c, backgroundColor: c,
                      yAxisID: axis || "y", stepped: !!this.stepped[name] };
       // Every series' faint copy is drawn beneath every series (a lower `order` is on top).
       const raw = Object.assign({}, line, { raw: true, borderColor: c + "40", hidden: true,
@@ -208,10 +208,12 @@
     }
 
     _project(name, points) {
+      const smooth = this.perStep && this.view.smoothing > 0 && !this.stepped[name];
+      // By step, unsmoothed (the default): the points themselves, as they came.
+      if (!smooth && (!this.perStep || this.view.x === "step")) return { line: points, raw: [] };
       const first = points.length ? points[0].t : 0;
       const placed = points.map((p) => ({ x: this._xOf(p, first), y: p.y }))
         .filter((p) => typeof p.x === "number" && Number.isFinite(p.x));
-      const smooth = this.perStep && this.view.smoothing > 0 && !this.stepped[name];
       return { line: smooth ? smoothed(placed, this.view.smoothing) : placed,
                raw: smooth ? placed : [] };
     }
