@@ -13,6 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 WIDE = {"width": 1400, "height": 1000}
 NARROW = {"width": 390, "height": 844}
+# A tablet, or a laptop's half screen: where a newcomer saw state badges break ("KILL/ED").
+MEDIUM = {"width": 820, "height": 1000}
+# The state badges (and other one-word labels) that wrap onto a second line.
+BROKEN_BADGES_JS = """() => [...document.querySelectorAll(".state")]
+  .filter((el) => el.getClientRects().length > 1 ||
+                  el.getBoundingClientRect().height > 2 * parseFloat(getComputedStyle(el).fontSize))
+  .map((el) => el.textContent)"""
 
 FITS_JS = "() => document.documentElement.scrollWidth <= window.innerWidth"
 # The outermost elements that reach past the window's right edge, to say what overflows.
@@ -48,10 +55,13 @@ def screenshot(page: Page, path: Path) -> None:
 
 
 def check_page(page: Page, artifacts: Path, name: str) -> None:
-    """``name.png`` wide and ``name-narrow.png`` on a phone, each checked to fit."""
-    for size, suffix in ((WIDE, ""), (NARROW, "-narrow")):
+    """``name.png`` wide, ``name-820.png`` and ``name-narrow.png`` on a phone, each checked to
+    fit and for state badges broken over two lines."""
+    for size, suffix in ((WIDE, ""), (MEDIUM, "-820"), (NARROW, "-narrow")):
         page.set_viewport_size(size)
         screenshot(page, artifacts / f"{name}{suffix}.png")
+        broken = page.evaluate(BROKEN_BADGES_JS)
+        assert not broken, f"{name} at {size['width']}px breaks these badges: {broken}"
     page.set_viewport_size(WIDE)
 
 
