@@ -160,18 +160,7 @@ class LocalJob:
         )
 
     def _fork(self, out, env: dict[str, str]) -> _Forked | None:
-        """The process forked from the warm pool, or None (no pool, a module to run, another
-        interpreter, or the pool could not: the caller starts it cold)."""
-        if not LocalJob.fork_from_warm or self.target[0] == "-m" or self.python != sys.executable:
-            return None
-        pool = warm_pool()
-        if not pool.ready(WARM_READY_S):
-            return None
-        with open(os.devnull, "wb") as no_events:  # its events go to Redis or its log dir
-            child = pool.spawn([self.python, *self.target, *self.args], cwd=self.cwd, env=env,
-                               fds=(out.fileno(), no_events.fileno()), uid=None, gid=None,
-                               umask=None)
-        return _Forked(child) if child is not None else None
+        return _fork([self.python, *self.target, *self.args], cwd=self.cwd, env=env, out=out)
 
     def start_driver(self, timeout: float = 60.0, env_extra: dict[str, str] | None = None) -> str:
         addr_file = os.path.join(self._tmp, "driver_addr")
@@ -276,25 +265,34 @@ class LocalJob:
         self.terminate()
 
 
+def _fork(argv: list[str], *, cwd: str, env: dict[str, str], out) -> _Forked | None:
+    """``argv`` forked from the warm pool, its output to ``out``; None (not asked, a module to
+    run, another interpreter, or the pool could not): the caller starts it cold."""
+    if not LocalJob.fork_from_warm or argv[0] != sys.executable or argv[1] == "-m":
+        return None
+    pool = warm_pool()
+    if not pool.ready(WARM_READY_S):
+        return None
+    with open(os.devnull, "wb") as no_events:  # its events go to Redis or its log dir
+        child = pool.spawn(argv, cwd=cwd, env=env, fds=(out.fileno(), no_events.fileno()),
+                           uid=None, gid=None, umask=None)
+    return _Forked(child) if child is not None else None
+
+
 def run_script(argv: list[str], *, env: dict[str, str], cwd: str,
                timeout: float) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, text=True)`` for ``python script ...``,
     forked from the warm pool when the tests ask (``LocalJob.fork_from_warm``). A forked
     process has one output: it is both ``stdout`` and ``stderr`` of the result."""
-    pool = warm_pool() if LocalJob.fork_from_warm and argv[0] == sys.executable else None
-    if pool is None or argv[1] == "-m" or not pool.ready(WARM_READY_S):
-        return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout)
-    with tempfile.TemporaryFile() as out, open(os.devnull, "wb") as no_events:
-        child = pool.spawn(argv, cwd=cwd, env=env, fds=(out.fileno(), no_events.fileno()),
-                           uid=None, gid=None, umask=None)
-        if child is None:
+    with tempfile.TemporaryFile() as out:
+        forked = _fork(argv, cwd=cwd, env=env, out=out)
+        if forked is None:
             return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
                                   timeout=timeout)
         try:
-            code = child.wait(timeout)
+            code = forked.wait(timeout)
         except subprocess.TimeoutExpired:
-            _Forked(child).kill()
+            forked.kill()
             raise
         out.seek(0)
         text = out.read().decode(errors="replace")
