@@ -8,6 +8,7 @@ there (``O_NOFOLLOW`` on every component, ownership changed through file descrip
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -127,6 +128,22 @@ def _copy_code(location: Path, root: Path) -> None:
         log.warning("the code of %s was not kept beside the results: %s", location, exc)
 
 
+def _trial_config(job: TrainingJob, root: Path) -> None:
+    """A hyper-parameter search's trial finds its values in ``config.json``, as on WMLA: in
+    the folder it runs in (``open("config.json")``) and in its copy of the model's code
+    (``$RESULT_DIR/_submitted_code/<model folder>/config.json``). Written through
+    descriptors, as everything in the job's folder (``jobs.jobwrites.write_file``)."""
+    if not job.hpo_trials.exists():
+        return
+    data = json.dumps(job.hyper_parameters or {}, indent=2).encode()
+    for parts in (("config.json",), (CODE_FOLDER, Path(job.model.location).name, "config.json")):
+        try:
+            jobwrites.write_file(root, parts, data)
+        except OSError as exc:
+            log.warning("config.json of job %s not written to %s: %s", job.pk, "/".join(parts),
+                        exc)
+
+
 def prepare_job_dir(job: TrainingJob, user: RunAs | None) -> Path:
     """The job's result folder, ready for its processes and handed to ``user``. The folder
     and those above it are the service's; everything in it may be the job's from an earlier
@@ -142,6 +159,7 @@ def prepare_job_dir(job: TrainingJob, user: RunAs | None) -> Path:
                if Path(dirs[key]).parent == root]
     jobwrites.make_folders(root, [*folders, "tmp"])
     _copy_code(Path(job.model.location), root)
+    _trial_config(job, root)
     if user is not None and user.isolated:
         hand_over(root, uid=user.uid, gid=service_gid(), dir_mode=0o2770,
                   file_mode=_private_file)

@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "models",
     "jobs",
     "events",
+    "hpo",
     "scheduler",
     "agent",
     "console",
@@ -296,6 +297,9 @@ EDT_WARM_PROCESSES = env_bool("EDT_WARM_PROCESSES", True)
 # names the cgroup v2 folder delegated to the agent (default: its own group). Memory per
 # process, in bytes (0: nine tenths of the host's memory); processes and threads per process
 # (0: none); each job account's processes on the host (RLIMIT_NPROC, a backstop).
+# Hyper-parameter search (hpo/): how long after a trial's job ends its objective is read, so
+# that its last test metrics, still in the event stream, are counted.
+EDT_HPO_SETTLE_S = float(os.environ.get("EDT_HPO_SETTLE_S", "3"))
 EDT_CGROUPS = env_bool("EDT_CGROUPS", True)
 EDT_CGROUP_PARENT = os.environ.get("EDT_CGROUP_PARENT", "")
 EDT_JOB_MEMORY_LIMIT = env_int("EDT_JOB_MEMORY_LIMIT", 0)

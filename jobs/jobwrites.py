@@ -88,6 +88,31 @@ def _make_path(root: Root, parts: Sequence[str], mode: int = 0o777) -> int:
     return fd
 
 
+def write_file(root: Root, parts: Sequence[str], data: bytes, mode: int = 0o644) -> None:
+    """Put the file ``root/parts...`` in place with ``data``, making its folders when missing.
+    What is there under that name (the job's own file, or a link it planted) is unlinked, not
+    opened: the new file is created with ``O_EXCL | O_NOFOLLOW`` in the folder's descriptor,
+    so nothing is written through a link or into a file that has another name."""
+    *folders, name = relative_parts(parts)
+    parent = _make_path(root, folders)
+    try:
+        try:
+            os.unlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            raise OSError(errno.EISDIR, f"{name} is a folder") from None
+        fd = os.open(name, _NEW, mode, dir_fd=parent)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent)
+
+
 # --- copying a folder in ---------------------------------------------------------------------
 
 

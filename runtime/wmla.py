@@ -33,16 +33,25 @@ from typing import Any
 
 
 class EMetrics:
-    """Appends metric records (JSON lines) to ``$RESULT_DIR/evaluation-metrics.txt``."""
+    """Appends metric records (JSON lines) to ``$RESULT_DIR/evaluation-metrics.txt``, as
+    WMLA's ``emetrics`` does, and keeps the test records in ``$RESULT_DIR/val_dict_list.json``
+    (``[{"steps": <iteration>, <metric>: <value>, ...}, ...]``, rewritten at each test record
+    and at close), the file WMLA's hyper-parameter search reads.
+
+    A test record is also a ``metrics.test`` event (``epoch`` = the iteration given): that is
+    how a search here learns the trial's objective, over the job's own event channel, and how
+    the job page charts it."""
 
     TEST_GROUP = "test"
     TRAIN_GROUP = "train"
 
-    def __init__(self, sub_id: str | None, f: Any) -> None:
+    def __init__(self, sub_id: str | None, f: Any, folder: str | None = None) -> None:
         self.training_id = os.environ.get("TRAINING_ID") or os.environ.get("EDT_JOB_ID", "")
         self.sub_id = sub_id
         self.f = f
+        self.folder = folder
         self.r_index = 1
+        self.test_history: list[dict[str, Any]] = []
 
     @staticmethod
     def open(subId: str | None = None) -> EMetrics:  # noqa: N803 - WMLA's name
@@ -51,7 +60,7 @@ class EMetrics:
         if folder:
             os.makedirs(folder, exist_ok=True)
             f = open(os.path.join(folder, "evaluation-metrics.txt"), "a", encoding="utf-8")  # noqa: SIM115
-        return EMetrics(subId, f)
+        return EMetrics(subId, f, folder)
 
     def __enter__(self) -> EMetrics:
         return self
@@ -64,20 +73,36 @@ class EMetrics:
                 "rindex": self.r_index}
         if self.sub_id:
             meta["subid"] = str(self.sub_id)
+        numbers = {k: float(v) for k, v in values.items() if _reported(v)}
         event = {
             "meta": meta,
             "grouplabel": group,
             "etimes": {"iteration": {"type": 2, "value": int(iteration)}},
-            "values": {k: {"type": 3, "value": float(v)} for k, v in values.items()
-                       if _reported(v)},
+            "values": {k: {"type": 3, "value": v} for k, v in numbers.items()},
         }
         self.r_index += 1
         if self.f is not None:
             self.f.write(json.dumps(event) + "\n")
             self.f.flush()
+        if group == self.TEST_GROUP and numbers:
+            self.test_history.append({"steps": int(iteration), **numbers})
+            self._write_history()
+            from runtime import events
+
+            events.emit("metrics.test", epoch=max(0, int(iteration)), **{
+                k: v for k, v in numbers.items() if math.isfinite(v)})
         return event
 
+    def _write_history(self) -> None:
+        if not self.folder or not self.test_history:
+            return
+        path = os.path.join(self.folder, "val_dict_list.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as out:
+            json.dump(self.test_history, out)
+        os.replace(path + ".tmp", path)
+
     def close(self) -> None:
+        self._write_history()
         if self.f is not None:
             self.f.close()
             self.f = None

@@ -40,6 +40,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from config.control_plane import WAKE_CHANNEL, prefix, redis_client
+from hpo import services as hpo_services
 from jobs.models import RELEASE_HOST_LOST, SlotAllocation, TrainingJob
 from resources.models import Host, InstanceGroup
 from scheduler.cycle import (
@@ -291,6 +292,7 @@ class SchedulerLoop:
                         log.exception("scheduler cycle failed; retrying next interval")
                     finally:
                         close_old_connections()
+                    self._searches()
                     self._wait(pubsub, self.interval_s)
                 else:
                     # Followers poll the lock a few times per TTL; wake-ups don't matter to them.
@@ -302,6 +304,16 @@ class SchedulerLoop:
                 pubsub.close()
             except redis.RedisError:
                 pass
+
+    def _searches(self) -> None:
+        """The hyper-parameter searches' step (``hpo.services``), in the leader only: it
+        starts and stops trials as jobs, which the next cycle schedules."""
+        try:
+            hpo_services.advance_all()
+        except Exception:
+            log.exception("hyper-parameter searches could not advance; retrying next interval")
+        finally:
+            close_old_connections()
 
     def _subscribe(self, pubsub) -> None:
         """Subscribe to the wake-ups, waiting for Redis if it is not up yet (it may start

@@ -22,6 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),
     ("jobs",),
     ("events",),
+    # Hyper-parameter search submits and stops ordinary jobs; the scheduler runs its loop.
+    ("hpo",),
     # The scheduler and the host agents talk through Celery task names (config.celery), never
     # through each other's modules.
     ("agent", "scheduler"),

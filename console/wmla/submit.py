@@ -154,9 +154,12 @@ def _as_file_error(exc: ValidationError) -> ValidationError:
     return type(exc)({"file": messages})
 
 
-def exec_submit(
-    *, user, parsed: SubmitArgs, raw_args: str, upload, form_data: object, sig_name: str
-) -> TrainingJob:
+def with_uploaded_model(*, user, parsed: SubmitArgs, upload, form_data: object, sig_name: str,
+                        description: str, then):
+    """The model folder a WMLA submission uploads (``file``), unpacked as the user's model
+    with the dataset its data path names, then ``then(model=, dataset=, instance_group=,
+    sources=)`` in the same transaction: if anything fails, nothing is stored and the
+    unpacked folder is removed. Serves ``POST /execs`` and ``POST /hypersearch``."""
     if upload is None:
         raise ValidationError(
             {"file": "Upload the model folder as a tar.gz in the multipart field 'file'."}
@@ -173,41 +176,50 @@ def exec_submit(
             dataset = dataset_for(user=user, data_path=data_path)
             try:
                 model = model_services.model_create_from_archive(
-                    owner=user,
-                    name=_model_name(parsed),
-                    archive=_as_archive(upload),
-                    dataset=dataset,
-                    main_file=parsed.model_main,
-                    description="Uploaded by a WMLA-style submission (POST /execs).",
+                    owner=user, name=_model_name(parsed), archive=_as_archive(upload),
+                    dataset=dataset, main_file=parsed.model_main, description=description,
                 )
             except ValidationError as exc:
                 raise _as_file_error(exc) from exc
-            job = job_services.job_submit(
-                user=user,
-                model=model,
-                instance_group=instance_group,
-                max_workers=parsed.max_workers,
-                devices_per_worker=parsed.devices_per_worker,
-                priority=parsed.priority,
-                name=parsed.app_name,
-                env_vars=parsed.env_vars,
-                args=parsed.user_args_string,
-                dataset=dataset,
-            )
-            WmlaExec.objects.create(
-                job=job,
-                framework=parsed.framework,
-                app_name=parsed.app_name,
-                args=raw_args,
-                worker_device_type=parsed.worker_device_type,
-                data_source=sources,
-            )
+            return then(model=model, dataset=dataset, instance_group=instance_group,
+                        sources=sources)
     except Exception:
         # The database rolled back, the model's Upload row with it: its folder is ours to remove.
         if model is not None and model.upload is not None:
             remove_folder(model.upload.folder, Upload.Kind.MODEL)
         raise
-    return job
+
+
+def exec_submit(
+    *, user, parsed: SubmitArgs, raw_args: str, upload, form_data: object, sig_name: str
+) -> TrainingJob:
+    def submit(*, model, dataset, instance_group, sources) -> TrainingJob:
+        job = job_services.job_submit(
+            user=user,
+            model=model,
+            instance_group=instance_group,
+            max_workers=parsed.max_workers,
+            devices_per_worker=parsed.devices_per_worker,
+            priority=parsed.priority,
+            name=parsed.app_name,
+            env_vars=parsed.env_vars,
+            args=parsed.user_args_string,
+            dataset=dataset,
+        )
+        WmlaExec.objects.create(
+            job=job,
+            framework=parsed.framework,
+            app_name=parsed.app_name,
+            args=raw_args,
+            worker_device_type=parsed.worker_device_type,
+            data_source=sources,
+        )
+        return job
+
+    return with_uploaded_model(
+        user=user, parsed=parsed, upload=upload, form_data=form_data, sig_name=sig_name,
+        description="Uploaded by a WMLA-style submission (POST /execs).", then=submit,
+    )
 
 
 def exec_delete(*, job: TrainingJob) -> None:

@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 
 from console import streaming
 from console.api.errors import call_service
-from console.wmla import results, schema  # noqa: F401 - registers the OpenAPI auth schemes
+from console.wmla import hpo, results, schema  # noqa: F401 - registers the OpenAPI auth schemes
 from console.wmla.args import FRAMEWORKS, ArgsError, parse_args_string
 from console.wmla.auth import (
     AUTHENTICATION_CLASSES,
@@ -43,6 +43,8 @@ from console.wmla.representation import (
 )
 from console.wmla.submit import exec_delete, exec_submit
 from environments.services import import_warnings
+from hpo import services as hpo_services
+from hpo.models import HpoTask
 from jobs import services as job_services
 from jobs import states
 from jobs.models import TrainingJob
@@ -404,3 +406,50 @@ def cli_source(request):
     response = HttpResponse(path.read_bytes(), content_type="text/x-python; charset=utf-8")
     response["Content-Disposition"] = "attachment;filename=dlicmd.py"
     return response
+
+
+# --- hyper-parameter search ------------------------------------------------------------------
+
+HPO_NAME = OpenApiParameter("name", str, OpenApiParameter.PATH,
+                            description="The search's name, as POST answered it.")
+
+
+class HypersearchListView(WmlaView):
+    @doc("List your hyper-parameter searches", op="wmla_hypersearch_list")
+    def get(self, request):
+        tasks = HpoTask.objects.visible_to(request.user).select_related("owner")
+        return Response([hpo.task_json(task) for task in tasks])
+
+    @doc("Start a hyper-parameter search: multipart data (JSON: modelSpec, algoDef, "
+         "hyperParams) and file (the model folder as a tar.gz); answers its name",
+         request=OpenApiTypes.OBJECT, response=OpenApiTypes.STR, op="wmla_hypersearch_start")
+    def post(self, request):
+        uploads = request.FILES.getlist("file")
+        task = hpo.hypersearch_submit(user=request.user, form=_form(request),
+                                      upload=uploads[0] if uploads else None)
+        return Response(task.name)
+
+    @doc("Delete all your ended hyper-parameter searches", op="wmla_hypersearch_delete_all")
+    def delete(self, request):
+        return hpo.delete_ended(request.user)
+
+
+class HypersearchDetailView(WmlaView):
+    @doc("A hyper-parameter search with its experiments and best", params=[HPO_NAME],
+         op="wmla_hypersearch_get")
+    def get(self, request, name: str):
+        return Response(hpo.task_json(hpo.task_for(request.user, name), detail=True))
+
+    @doc("Stop a hyper-parameter search and its running sub-trainings", request=None,
+         params=[HPO_NAME], op="wmla_hypersearch_stop")
+    def put(self, request, name: str):
+        task = call_service(hpo_services.hpo_stop, task=hpo.task_for(request.user, name),
+                            user=request.user)
+        return Response(hpo.task_json(task, detail=True))
+
+    @doc("Delete an ended hyper-parameter search", params=[HPO_NAME],
+         op="wmla_hypersearch_delete")
+    def delete(self, request, name: str):
+        task = hpo.task_for(request.user, name)
+        call_service(hpo_services.hpo_delete, task=task, user=request.user)
+        return Response({"hpoName": name, "message": f"Search {name} deleted."})
