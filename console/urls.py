@@ -1,7 +1,16 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, register_converter
 
-from console import compare, environments, job_files, job_log, objects, users, views
+from console import (
+    compare,
+    environments,
+    hpo_pages,
+    job_files,
+    job_log,
+    objects,
+    users,
+    views,
+)
 
 register_converter(job_files.ResultPath, "result_path")
 
@@ -39,6 +48,11 @@ urlpatterns = [
     path("models/<int:pk>/delete/", objects.model_delete, name="model-delete"),
     path("models/<int:model_id>/train/", views.train, name="model-train"),
     path("train/", views.train, name="train"),
+    path("models/<int:model_id>/hpo/", hpo_pages.hpo_new, name="model-hpo"),
+    path("hpo/", hpo_pages.hpo_list, name="hpo-list"),
+    path("hpo/<int:pk>/", hpo_pages.hpo_detail, name="hpo"),
+    path("hpo/<int:pk>/stop/", hpo_pages.hpo_stop, name="hpo-stop"),
+    path("hpo/<int:pk>/delete/", hpo_pages.hpo_delete, name="hpo-delete"),
     path("jobs/", views.jobs, name="jobs"),
     path("jobs/reorder/", views.jobs_reorder, name="jobs-reorder"),
     path("jobs/compare/", compare.jobs_compare, name="jobs-compare"),

@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from console.api import views
+from console.api import hpo, views
 
 router = DefaultRouter()
 router.register("hosts", views.HostViewSet, basename="host")
@@ -11,6 +11,7 @@ router.register("environments", views.EnvironmentViewSet, basename="environment"
 router.register("datasets", views.DatasetViewSet, basename="dataset")
 router.register("models", views.ModelDefinitionViewSet, basename="model")
 router.register("jobs", views.JobViewSet, basename="job")
+router.register("hpo", hpo.HpoViewSet, basename="api-hpo")
 
 urlpatterns = [
     path("auth/token/", views.obtain_token, name="api-token"),

@@ -19,6 +19,7 @@ _SECTIONS = {
     "models": "models", "model-new": "models",
     "datasets": "datasets", "dataset-new": "datasets", "dataset-new-any": "datasets",
     "train": "train", "model-train": "train",
+    "hpo-list": "hpo", "hpo": "hpo", "model-hpo": "hpo",
     "hosts": "hosts",
     "resource-groups": "resource-groups", "resource-group-new": "resource-groups",
     "resource-group-edit": "resource-groups",
