@@ -107,6 +107,17 @@ def hyper_params(formset) -> tuple[list[dict], list[int]]:
     return [f.hyper_param() for _, f in rows], [i for i, _ in rows]
 
 
+# WMLA's names in a message, as the form's columns call them.
+_COLUMNS = {"maxDbVal": "To", "maxIntVal": "To", "minDbVal": "From", "minIntVal": "From",
+            "discreateStrVal": "Values", "discreteIntVal": "Values", "discreteDbVal": "Values"}
+
+
+def _in_columns(message: str) -> str:
+    for wmla, column in _COLUMNS.items():
+        message = message.replace(wmla, column)
+    return message
+
+
 def show_errors(exc: ValidationError, form: HpoForm, formset, rows: list[int]) -> None:
     """A service's error on the field it names: ``algoDef.maxJobNum`` on Trials,
     ``hyperParams[1].maxDbVal`` on the "To" of the second filled row."""
@@ -115,7 +126,7 @@ def show_errors(exc: ValidationError, form: HpoForm, formset, rows: list[int]) -
         if match and int(match.group(1)) < len(rows):
             row = formset.forms[rows[int(match.group(1))]]
             field = PARAM_FIELDS.get((match.group(2) or "").split("[")[0])
-            row.add_error(field, messages)
+            row.add_error(field, [_in_columns(m) for m in messages])
             continue
         name = ALGO_FIELDS.get(key.removeprefix("algoDef."))
         if key == "hyperParams":

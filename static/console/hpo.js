@@ -62,6 +62,10 @@
   };
 
   const drawFacts = () => {
+    // Stop while the search runs, Delete once it has ended.
+    const active = ACTIVE.has(data.state);
+    document.getElementById("hpo-stop-form").hidden = !active;
+    document.getElementById("hpo-delete-form").hidden = active;
     const state = document.getElementById("hpo-state");
     state.textContent = data.state;
     state.className = `state state-${data.state.toLowerCase()}`;
@@ -81,19 +85,16 @@
   const scatter = (id, xTitle, points, xType) => {
     const canvas = document.getElementById(id);
     if (!canvas || typeof Chart === "undefined") return;
+    // Sorted by x: with parsing off, Chart.js takes the data as sorted and reads an axis's
+    // range from its first and last points.
     const byState = {};
-    for (const p of points) (byState[p.state] ||= []).push(p);
+    for (const p of [...points].sort((a, b) => a.x - b.x)) (byState[p.state] ||= []).push(p);
     const datasets = Object.entries(byState).map(([state, pts]) => ({
       label: state.toLowerCase(), data: pts, pointRadius: 4,
       backgroundColor: COLOURS[state] || "#6f6f6f", borderColor: COLOURS[state] || "#6f6f6f",
     }));
-    if (charts[id]) {
-      charts[id].data.datasets = datasets;
-      charts[id].options.scales.x.type = xType;
-      charts[id].options.scales.x.title.text = xTitle;
-      charts[id].update("none");
-      return;
-    }
+    // Drawn anew each time: a few dozen points, and an updated log axis kept its old range.
+    if (charts[id]) charts[id].destroy();
     charts[id] = new Chart(canvas, {
       type: "scatter",
       data: { datasets },
