@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                  "--exec-watch", *dict.fromkeys([*LOG_TYPES, *PROCESS_LOGS])):
         p.add_argument(flag, dest="exec_id")
     p.add_argument("--exec-delete-all", action="store_true")
+    p.add_argument("--hpo-start", dest="hpo_file")
+    p.add_argument("--hpo-get-all", "--hpo-list", action="store_true")
+    p.add_argument("--hpo-delete-all", action="store_true")
+    for flag in ("--hpo-get", "--hpo-stop", "--hpo-delete"):
+        p.add_argument(flag, dest="hpo_name")
     p.add_argument("--exec-priority", nargs=2, metavar=("EXEC_ID", "PRIORITY"))
     p.add_argument("-o", "--output", dest="output_format")
     p.add_argument("--rest-host", "--master-host", dest="rest_host")
@@ -142,6 +147,11 @@ def print_help() -> None:
           | --exec-trainresult <exec-id>
    dlicmd --exec-delete-all          (your ended execs; active ones stay)
    dlicmd --exec-priority <exec-id> <1..10000>
+   dlicmd --hpo-start <search.json> --exec-start edtPyTorch --ig <instance group>
+          --model-dir <folder> --model-main <main.py> [the --exec-start flags of each trial]
+          (search.json: WMLA's {"algoDef": {...}, "hyperParams": [...]})
+   dlicmd --hpo-get-all | --hpo-get <name> | --hpo-stop <name> | --hpo-delete <name>
+          | --hpo-delete-all
 
 Connection options:
    --rest-host    Server host name; or a URL (http://host:8000). https is tried first (for
@@ -696,6 +706,103 @@ def _print_text(text: str) -> None:
     sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
 
 
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value (``--flag V`` or ``--flag=V``)."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == flag:
+            skip = True
+        elif not word.startswith(flag + "="):
+            out.append(word)
+    return out
+
+
+def _search_file(path: str) -> dict:
+    try:
+        search = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--hpo-start {path}: {exc}") from exc
+    if not isinstance(search, dict) or "algoDef" not in search or "hyperParams" not in search:
+        raise CliError(f"--hpo-start {path}: expected a JSON object with algoDef and "
+                       "hyperParams (WMLA's /hypersearch body)")
+    return search
+
+
+def cmd_hpo_start(client: Client, flags, argv: list[str]) -> int:
+    """A hyper-parameter search: each trial is submitted as --exec-start would submit it."""
+    search = _search_file(flags.hpo_file)
+    if flags.framework is None or not (flags.model_dir or flags.model_main):
+        raise CliError("--hpo-start also needs the flags of each trial: --exec-start "
+                       "edtPyTorch --model-dir <folder> --model-main <main.py>")
+    search["modelSpec"] = {**(search.get("modelSpec") or {}),
+                           "args": submitted_args(_without(argv, "--hpo-start")),
+                           "sigName": flags.instance_group or ""}
+    temp = None
+    try:
+        upload, temp = _model_upload(flags)
+        with open(upload, "rb") as handle:
+            resp = client.request("POST", client.dli + "/hypersearch",
+                                  data={"data": json.dumps(search)},
+                                  files=[("file", (Path(upload).name, handle))], timeout=600)
+    finally:
+        if temp:
+            os.remove(temp)
+    if not resp.ok:
+        return fail_response(resp, "Start the search")
+    pprint_json({"hpoName": resp.json()})
+    return 0
+
+
+def cmd_hpo_get_all(client: Client, flags, argv: list[str]) -> int:
+    resp = client.request("GET", client.dli + "/hypersearch")
+    if not resp.ok:
+        return fail_response(resp, "List searches")
+    if flags.output_format == "json":
+        pprint_json(resp.json())
+        return 0
+    print_table(["hpoName", "state", "progress", "algorithm", "objective", "creator",
+                 "createtime"],
+                [{**t, "objective": f"{t.get('objective')} {t.get('objectiveMetric')}"}
+                 for t in resp.json()])
+    return 0
+
+
+def cmd_hpo_get(client: Client, flags, name: str) -> int:
+    resp = client.request("GET", f"{client.dli}/hypersearch/{name}")
+    if not resp.ok:
+        return fail_response(resp, f"Get search {name}")
+    pprint_json(resp.json())
+    return 0
+
+
+def cmd_hpo_stop(client: Client, flags, name: str) -> int:
+    resp = client.request("PUT", f"{client.dli}/hypersearch/{name}")
+    if not resp.ok:
+        return fail_response(resp, f"Stop search {name}")
+    print(f"Stop search {name} succeed. HTTP:{resp.status_code} state {resp.json()['state']}")
+    return 0
+
+
+def cmd_hpo_delete(client: Client, flags, name: str) -> int:
+    resp = client.request("DELETE", f"{client.dli}/hypersearch/{name}")
+    if not resp.ok:
+        return fail_response(resp, f"Delete search {name}")
+    print(f"Delete search {name} succeed. HTTP:{resp.status_code}")
+    return 0
+
+
+def cmd_hpo_delete_all(client: Client, flags, argv: list[str]) -> int:
+    resp = client.request("DELETE", f"{client.dli}/hypersearch")
+    if not resp.ok:
+        return fail_response(resp, "Delete all searches")
+    body = resp.json()
+    print(f"Deleted {len(body.get('deleted', []))} searches; {body.get('kept', 0)} still "
+          f"running were kept. HTTP:{resp.status_code}")
+    return 0
+
+
 # The commands that act on the server, called with (client, flags, argv), and those that act on
 # one exec, called with (client, flags, exec id). --logon and --logoff come before a token.
 SERVER_COMMANDS = {
@@ -705,6 +812,10 @@ SERVER_COMMANDS = {
     "--exec-get-all": cmd_exec_get_all,
     "--exec-priority": cmd_exec_priority,
     "--exec-delete-all": cmd_exec_delete_all,
+    "--hpo-start": cmd_hpo_start,
+    "--hpo-get-all": cmd_hpo_get_all,
+    "--hpo-list": cmd_hpo_get_all,
+    "--hpo-delete-all": cmd_hpo_delete_all,
 }
 EXEC_COMMANDS = {
     "--exec-get": cmd_exec_get,
@@ -715,11 +826,17 @@ EXEC_COMMANDS = {
     **{flag: functools.partial(cmd_exec_logs, log_type=kind) for flag, kind in LOG_TYPES.items()},
     **{flag: functools.partial(cmd_process_logs, stream=s) for flag, s in PROCESS_LOGS.items()},
 }
-COMMANDS = ("--logon", "--logoff", *SERVER_COMMANDS, *EXEC_COMMANDS)
+# The commands that act on one search, called with (client, flags, search name).
+HPO_COMMANDS = {"--hpo-get": cmd_hpo_get, "--hpo-stop": cmd_hpo_stop,
+                "--hpo-delete": cmd_hpo_delete}
+COMMANDS = ("--logon", "--logoff", *SERVER_COMMANDS, *EXEC_COMMANDS, *HPO_COMMANDS)
 
 
 def command_of(argv: list[str]) -> str | None:
-    """The first word of ``argv`` that names a command (``--exec-get=ID`` names --exec-get)."""
+    """The first word of ``argv`` that names a command (``--exec-get=ID`` names --exec-get);
+    ``--hpo-start`` wins wherever it is, since it comes with the flags of ``--exec-start``."""
+    if any(w.split("=", 1)[0] == "--hpo-start" for w in argv):
+        return "--hpo-start"
     for word in argv:
         name = word.split("=", 1)[0]
         if name in COMMANDS:
@@ -782,6 +899,10 @@ def run(argv: list[str]) -> int:
         if not flags.exec_id:
             raise CliError(f"{command} needs an exec id")
         return EXEC_COMMANDS[command](client, flags, flags.exec_id)
+    if command in HPO_COMMANDS:
+        if not flags.hpo_name:
+            raise CliError(f"{command} needs a search's name (see --hpo-get-all)")
+        return HPO_COMMANDS[command](client, flags, flags.hpo_name)
     return SERVER_COMMANDS[command](client, flags, argv)
 
 

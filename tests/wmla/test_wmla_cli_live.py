@@ -123,3 +123,39 @@ def test_delete_all_removes_the_ended_execs_and_keeps_the_active(dlicmd, wmla_mo
     assert out.startswith("Deleted 1 execs; 1 still active were kept."), out
     remaining = [e["id"] for e in json.loads(dlicmd("--exec-get-all", "-o", "json").stdout)]
     assert remaining == [active]
+
+
+def test_the_cli_starts_lists_gets_stops_and_deletes_a_search(dlicmd, wmla_model_dir):
+    from hpo.models import HpoTask
+
+    dlicmd("--logon", "--username", "alice", "--password", "alice-pass-1234")
+    search = dlicmd.cwd / "search.json"
+    search.write_text(json.dumps({
+        "algoDef": {"algorithm": "Tpe", "maxJobNum": 4, "maxParalleJobNum": 2,
+                    "objectiveMetric": "loss", "objective": "minimize"},
+        "hyperParams": [{"name": "learning_rate", "type": "Range", "dataType": "DOUBLE",
+                         "minDbVal": 0.001, "maxDbVal": 0.1}],
+    }))
+    started = dlicmd(
+        "--exec-start", "edtPyTorch", "--hpo-start", str(search), "--ig", "sig-elastic",
+        "--model-dir", str(wmla_model_dir), "--model-main", "main.py",
+        "--cs-datastore-meta", "type=fs,data_path=cifar10EDTpytorch",
+        "--edt-options", "maxWorkers=2", "--", "--epochs", "1",
+    )
+    name = json.loads(started.stdout)["hpoName"]
+    task = HpoTask.objects.get(name=name)
+    assert task.search["algorithm"] == "Tpe" and task.trial_job["max_workers"] == 2
+    assert task.trial_job["args"] == "--epochs 1" and task.instance_group.name == "sig-elastic"
+    assert task.model.main_file == "main.py"
+
+    listed = dlicmd("--hpo-get-all")
+    assert name in listed.stdout and "minimize loss" in listed.stdout
+    assert json.loads(dlicmd("--hpo-get", name).stdout)["hpoName"] == name
+    assert "state STOPPED" in dlicmd("--hpo-stop", name).stdout
+    assert "succeed" in dlicmd("--hpo-delete", name).stdout
+    assert not HpoTask.objects.exists()
+
+    refused = dlicmd("--hpo-start", str(dlicmd.cwd / "missing.json"), "--exec-start",
+                     "edtPyTorch", "--model-dir", str(wmla_model_dir), check=False)
+    assert refused.returncode == 1 and "missing.json" in refused.stderr
+    assert "not found" in dlicmd("--hpo-get", "nope", check=False).stderr

@@ -18,7 +18,8 @@ from console.wmla.args import _PARSER as ARGS_PARSER
 README = Path(__file__).resolve().parents[2] / "README.md"
 # What a row's placeholders stand for, as the README's text says.
 EXAMPLES = {"{id}": "alice-42", "{appId}": "edt-42", "{sigId}": "sig-elastic",
-            "{driverId}": "driver-1", "{executorId}": "host1-slot0", "{n}": "1"}
+            "{driverId}": "driver-1", "{executorId}": "host1-slot0", "{n}": "1",
+            "{name}": "alice-hpo-1054030076043153"}
 PREFIX = re.compile(r"^\*\*`(/[^`]+)`\*\*$")
 ENDPOINT = re.compile(r"^`(?:(GET|POST|PUT|DELETE) )?(/[^`?]*)")
 FLAG = re.compile(r"`(--?[A-Za-z][\w-]*\*?)`")
