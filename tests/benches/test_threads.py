@@ -59,14 +59,30 @@ def test_a_driver_counts_whole_and_an_ended_process_is_left_out():
     assert all(tid > 0 for _, tid in now)
 
 
+def _until_asleep(tid: int, who: str) -> None:
+    """Spin (no sleep of this thread's own) until thread ``tid`` of this process is blocked."""
+    deadline = time.monotonic() + 10
+    while True:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                return
+        assert time.monotonic() < deadline, f"the {who} did not wait within 10 s"
+
+
 def test_a_thread_that_waits_for_another_is_counted_asleep_each_time():
-    # A helper that blocks on a queue for each of 200 hand-overs: it gives its core up each
-    # time it waits (a voluntary switch), which is how a thread that waits for a lock or
-    # for work mid-step shows, beside its CPU time.
+    # A helper and the main thread hand 200 items to each other, each waiting for the other:
+    # each gives its core up every time it waits (a voluntary switch), which is how a thread
+    # that waits for a lock or for work mid-step shows, beside its CPU time. Each hands over
+    # only once the other is blocked, so every hand-over is a wait, however loaded the machine
+    # is (otherwise a thread preempted before it waits finds its item already there).
     work, acks = queue.Queue(), queue.Queue()
+    main_tid = threading.get_native_id()
+    helper_tid: list[int] = []
 
     def helper() -> None:
+        helper_tid.append(threading.get_native_id())
         while (item := work.get()) is not None:
+            _until_asleep(main_tid, "main thread")
             acks.put(item)
 
     thread = threading.Thread(target=helper, daemon=True)
@@ -75,6 +91,9 @@ def test_a_thread_that_waits_for_another_is_counted_asleep_each_time():
     try:
         times.start()
         for i in range(200):
+            while not helper_tid:
+                pass
+            _until_asleep(helper_tid[0], "helper")
             work.put(i)
             assert acks.get(timeout=10) == i, "the helper did not hand item back in 10 s"
         times.stop(10)

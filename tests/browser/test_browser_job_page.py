@@ -534,6 +534,11 @@ def test_the_metric_charts_view_changes_axis_smoothing_scale_series_and_zoom(pag
     wait_for_last_step(page, STEPS)
     wait_for(page, "() => Chart.getChart('loss-chart').options.scales.y.type === 'logarithmic'",
              None, "the view was not kept on reload")
+    # The accuracy series is drawn once its points arrive, which may be after the loss's last
+    # step under load: wait for it, then check it is the one series left out.
+    wait_for(page, "() => Chart.getChart('loss-chart').data.datasets.some((d) => !d.raw && "
+                   "d.hidden && d.label === 'train accuracy')", None,
+             "the hidden series was not kept on reload")
     assert view()["hidden"] == ["train accuracy"]
     assert page.locator("[data-view-smoothing]").input_value() == "0.9"
     screens.check_page(page, artifacts, "job-page-chart-view")
