@@ -36,7 +36,6 @@ import shutil
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,26 +48,6 @@ MAIN = "from bench.runtime import as_fabric\n\nas_fabric()\n"
 # The test harness's quick settings, put back to the product's defaults for this run.
 TEST_KNOBS = ("EDT_HEARTBEAT_S", "EDT_HOST_TIMEOUT_S", "EDT_SCHEDULER_INTERVAL_S",
               "EDT_PEER_TIMEOUT_S", "EDT_RDZV_GRACE_S", "EDT_METRICS_INTERVAL_S")
-
-
-def _django(tmp: Path) -> None:
-    """This process as a console would be, on a fresh SQLite file the cluster shares."""
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
-        "EDT_VAR_DIR": str(tmp / "var"),
-        # Where the bench's model lives (Bench.records): submit checks the model is there.
-        "EDT_MODEL_ROOTS": str(tmp / "models"),
-        # The runtime's own figures: jobs on the agents' own Python (torch), nothing to build.
-        "EDT_DEFAULT_ENVIRONMENT": "product",
-        "SECRET_KEY": f"bench-{uuid.uuid4().hex}",
-        "AXES_ENABLED": "false",
-    })
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
 
 
 class Bench:
@@ -271,7 +250,7 @@ def iteration_s(job, size: int) -> float:
 
 def run_cycles(cycles: int, log: Callable[[str], None]) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="edt-bench-e2e-"))
-    _django(tmp)
+    harness.django_on_sqlite(tmp)
     bench = Bench(tmp)
     samples: dict[str, list[float]] = {k: [] for k in ("submit", "shrink", "priority", "grow")}
     try:

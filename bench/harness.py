@@ -37,14 +37,36 @@ from bench.processes import install, mark_env
 from bench.threads import stat_fields
 
 __all__ = ["REPO", "LineCount", "StepRows", "allocator_environment", "bench_env",
-           "descendants", "free_port", "install", "kill_tree", "mark_env", "module_command",
-           "percentile", "print_result", "step_rows", "table", "throughput", "wait_for"]
+           "descendants", "django_on_sqlite", "free_port", "install", "kill_tree", "mark_env",
+           "module_command", "percentile", "print_result", "step_rows", "table", "throughput",
+           "wait_for"]
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
 # -- processes -----------------------------------------------------------------------------
+def django_on_sqlite(tmp: Path) -> None:
+    """This process as a console would be, on a fresh SQLite file under ``tmp`` that the
+    bench's cluster shares (``tests.e2e.harness.Cluster`` starts its processes on it), jobs on
+    the product's own Python (``EDT_DEFAULT_ENVIRONMENT=product``: nothing to build)."""
+    os.environ.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
+        "EDT_VAR_DIR": str(tmp / "var"),
+        # Where the bench's models live: submit checks the model is there.
+        "EDT_MODEL_ROOTS": str(tmp / "models"),
+        "EDT_DEFAULT_ENVIRONMENT": "product",
+        "SECRET_KEY": f"bench-{os.urandom(8).hex()}",
+        "AXES_ENABLED": "false",
+    })
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
 def module_command(module: str, *args: str) -> list[str]:
     """The command that runs ``module`` (``bench.runtime``, say) with this interpreter."""
     return [sys.executable, "-m", module, *args]

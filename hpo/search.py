@@ -124,6 +124,6 @@ class Study:
 
 
 def rungs_passed(system_attrs: dict[str, Any]) -> int:
-    """How many Hyperband rungs a trial went through (the pruner writes
-    ``completed_rung_<k>`` when a trial reaches rung k and is kept)."""
+    """How many Hyperband rungs a trial reached (the pruner writes ``completed_rung_<k>``
+    when a trial reaches rung k, before it decides whether the trial goes on)."""
     return sum(1 for key in system_attrs if key.startswith("completed_rung_"))

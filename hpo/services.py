@@ -60,7 +60,7 @@ def _task_name(user) -> str:
 
 
 def hpo_create(*, user, model, instance_group, search: Search, trial_job: dict,
-               dataset=None, request: dict | None = None) -> HpoTask:
+               dataset=None, request: dict | None = None, seed: int | None = None) -> HpoTask:
     """Create a search; its first trials start at the scheduler's next cycle. ``trial_job``
     holds what each trial's job is submitted with (max_workers, devices_per_worker, args,
     env_vars, priority), checked now by the same rules as a job's."""
@@ -77,7 +77,7 @@ def hpo_create(*, user, model, instance_group, search: Search, trial_job: dict,
         task = HpoTask.objects.create(
             name=_task_name(user), owner=user, model=model, dataset=dataset,
             instance_group=instance_group, search=search.as_dict(), trial_job=trial_job,
-            request=request or {}, seed=random.randrange(2**31),
+            request=request or {}, seed=random.randrange(2**31) if seed is None else seed,
         )
         transaction.on_commit(lambda: wake_scheduler("hpo.created"))
     return task
@@ -154,7 +154,9 @@ def advance(task_id: int) -> None:
 def _study(task: HpoTask, search: Search) -> Study:
     records = [TrialRecord(t.number, t.state, t.params, t.value, t.reports, t.system_attrs)
                for t in task.trials.all()]
-    return Study(task.name, search, task.seed, records)
+    # Named by its seed, not the task: Hyperband assigns brackets by the study's name and the
+    # trial's number, so two searches with one seed decide alike (bench/hpo.py compares two).
+    return Study(f"hpo-{task.seed}", search, task.seed, records)
 
 
 def objective_reports(job: TrainingJob, metric: str) -> tuple[list[float], set[str]]:
@@ -246,13 +248,16 @@ def _rungs(task: HpoTask, search: Search, study: Study) -> None:
     """Hyperband: stop each running trial that falls behind at the rung it reached; give
     those it keeps a higher priority."""
     for trial in task.trials.filter(state=HpoTrial.RUNNING).select_related("job"):
-        if not trial.reports:
+        # Nothing reported yet, or the whole resource trained: stopping saves nothing.
+        if not trial.reports or len(trial.reports) >= search.resource_value:
             continue
         stop, attrs = study.should_stop(trial.number)
-        trial.system_attrs, trial.rung = attrs, rungs_passed(attrs)
+        # The pruner marks each rung a trial reached, the one it is stopped at included.
+        reached = rungs_passed(attrs)
+        trial.system_attrs, trial.rung = attrs, reached - 1 if stop else reached
         trial.save(update_fields=["system_attrs", "rung"])
         if stop:
-            reason = (f"Stopped early by Hyperband at rung {trial.rung} ("
+            reason = (f"Stopped early by Hyperband at rung {reached} ("
                       f"{search.objective_metric} {trial.value:g} after {len(trial.reports)} "
                       f"{search.resource_name}).")
             _stop_job(trial, reason)
@@ -285,7 +290,9 @@ def _fill(task: HpoTask, search: Search, study: Study) -> None:
     budget = search.trial_budget()
     while task.is_active:
         count = task.trials.count()
-        active = task.trials.filter(state=HpoTrial.RUNNING).count()
+        # A trial whose job has ended holds no slot while its last metrics settle.
+        active = task.trials.filter(state=HpoTrial.RUNNING).exclude(
+            job__state__in=states.TERMINAL).count()
         if active >= search.max_parallel or (budget is not None and count >= budget):
             return
         number, params = study.ask()

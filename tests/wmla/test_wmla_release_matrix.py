@@ -19,6 +19,16 @@ from pathlib import Path
 import pytest
 import requests
 
+from jobs.models import TrainingJob
+
+
+def _why(body: dict) -> str:
+    """What a failed exec's job says (its error and its last events), for the failure's
+    message: the exec's JSON is cut short by pytest."""
+    job = TrainingJob.objects.get(pk=body["jobId"])
+    events = [f"{e.type}: {e.message[:300]}" for e in job.events.order_by("-ts")[:8]]
+    return f"{body['execId']} {job.state}: {job.error[:2000]}; last events: {events}"
+
 MODELS = Path(__file__).parent / "models"
 AUTH = ("alice", "alice-pass-1234")
 ENDED = {"FINISHED", "ERROR", "FAILED", "KILLED"}
@@ -95,7 +105,7 @@ def test_every_folder_runs_to_finished_through_the_notebook_rest_flow(
         url = f"{dl_rest_url}/execs/{exec_id}"
         body = _until_ended(lambda url=url: requests.get(url, headers=headers, timeout=10).json(),
                             name, cluster_processes)
-        assert body["state"] == "FINISHED", (name, body)
+        assert body["state"] == "FINISHED", (name, _why(body))
         assert body["progress"]["epochs"] == body["progress"]["epoch"] == EPOCHS, (name, body)
         log = requests.get(url + "/log", headers=headers, timeout=10).json()
         assert len(_elog_losses(log)) >= EPOCHS, (name, log)
@@ -122,7 +132,7 @@ def test_every_folder_runs_to_finished_through_dlicmd(dlicmd, cluster_processes)
     for name, exec_id in execs.items():
         body = _until_ended(lambda e=exec_id: json.loads(dlicmd("--exec-get", e).stdout),
                             name, cluster_processes)
-        assert body["state"] == "FINISHED", (name, body)
+        assert body["state"] == "FINISHED", (name, _why(body))
         saved = dlicmd("--exec-trainresult", exec_id).stdout
         assert saved.strip() == f"Train result is saved to {exec_id}-result.zip", name
         with zipfile.ZipFile(dlicmd.cwd / f"{exec_id}-result.zip") as archive:
