@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import transaction
 
+from config.control_plane import wake_scheduler
 from events import logs
 from events.describe import describe, shown_epoch
 from jobs.models import JobEvent, JobMetric, TrainingJob
@@ -75,6 +76,11 @@ def _store_metric(job_id: int, event: Event, when: datetime) -> bool:
             # The runtime counts epochs from 0; the job shows "epoch 3/5" counted from 1.
             shown = shown_epoch({"type": event["type"], "epoch": epoch})
             TrainingJob.objects.filter(pk=job_id).update(epoch=shown, iteration=iteration)
+        elif kind == JobMetric.Kind.TEST and TrainingJob.objects.filter(
+                pk=job_id, hpo_trials__isnull=False).exists():
+            # A search's trial reported its objective: the scheduler's leader runs the search
+            # (hpo.services), so Hyperband decides at once instead of at the next timer.
+            wake_scheduler("hpo.report", job=job_id)
     return True
 
 

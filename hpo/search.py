@@ -21,6 +21,8 @@ from hpo.space import Search
 # Trials sampled at random before TPE or the Gaussian process models the results (Optuna's
 # default is 10; a small search would otherwise never get past them).
 STARTUP_MAX = 10
+# A trial's own key among Optuna's system attributes: how many of its reports the pruner saw.
+CHECKED = "edt_checked_steps"
 
 
 def _startup(search: Search) -> int:
@@ -104,17 +106,27 @@ class Study:
         trial = self.study.ask(self.distributions)
         return trial.number, dict(trial.params)
 
-    def should_stop(self, number: int) -> tuple[bool, dict[str, Any]]:
-        """Whether the running trial ``number`` stops at the rung it has reached, with the
-        pruner's bookkeeping to keep (which rungs it passed)."""
+    def check(self, number: int, reports: list[float], checked: int,
+              last: int) -> tuple[int | None, dict[str, Any]]:
+        """Report the running trial ``number``'s values after the first ``checked`` (those the
+        study was built with), one step at a time up to step ``last``, asking the pruner after
+        each, as a trial training in Optuna's own loop would: a rung is judged on the value
+        at its own step, however late the search looks. Returns the step it is stopped at
+        (None: it goes on) and the bookkeeping to keep (the rungs it reached, the steps
+        checked)."""
         import optuna
 
         trial_id = self.ids[number]
         trial = optuna.trial.Trial(self.study, trial_id)
-        stop = trial.should_prune()
-        attrs = self.study._storage.get_trial(trial_id).system_attrs
-        return stop, dict(attrs)
-
+        stopped = None
+        for step in range(checked + 1, min(len(reports), last) + 1):
+            trial.report(reports[step - 1], step)
+            if trial.should_prune():
+                stopped = step
+                break
+        attrs = dict(self.study._storage.get_trial(trial_id).system_attrs)
+        attrs[CHECKED] = stopped or max(checked, min(len(reports), last))
+        return stopped, attrs
 
     def mark_pruned(self, number: int) -> None:
         """Tell the study a running trial was stopped early (the next ask sees it)."""

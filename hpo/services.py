@@ -30,7 +30,7 @@ from django.utils import timezone
 from config.control_plane import wake_scheduler
 from config.ownership import is_admin
 from hpo.models import HpoTask, HpoTrial
-from hpo.search import Study, TrialRecord, rungs_passed
+from hpo.search import CHECKED, Study, TrialRecord, rungs_passed
 from hpo.space import Search
 from jobs import jobfiles, states
 from jobs import priority as bounds
@@ -152,7 +152,11 @@ def advance(task_id: int) -> None:
 
 
 def _study(task: HpoTask, search: Search) -> Study:
-    records = [TrialRecord(t.number, t.state, t.params, t.value, t.reports, t.system_attrs)
+    # A running trial enters the study with the reports the pruner has seen; the others are
+    # reported step by step by ``Study.check``.
+    records = [TrialRecord(t.number, t.state, t.params, t.value,
+                           t.reports[:t.system_attrs.get(CHECKED, 0)]
+                           if t.state == HpoTrial.RUNNING else t.reports, t.system_attrs)
                for t in task.trials.all()]
     # Named by its seed, not the task: Hyperband assigns brackets by the study's name and the
     # trial's number, so two searches with one seed decide alike (bench/hpo.py compares two).
@@ -248,18 +252,20 @@ def _rungs(task: HpoTask, search: Search, study: Study) -> None:
     """Hyperband: stop each running trial that falls behind at the rung it reached; give
     those it keeps a higher priority."""
     for trial in task.trials.filter(state=HpoTrial.RUNNING).select_related("job"):
-        # Nothing reported yet, or the whole resource trained: stopping saves nothing.
-        if not trial.reports or len(trial.reports) >= search.resource_value:
+        checked = trial.system_attrs.get(CHECKED, 0)
+        # The whole resource trained is never stopped: stopping would save nothing.
+        if len(trial.reports) <= checked or checked >= search.resource_value - 1:
             continue
-        stop, attrs = study.should_stop(trial.number)
+        stopped, attrs = study.check(trial.number, trial.reports, checked,
+                                     last=search.resource_value - 1)
         # The pruner marks each rung a trial reached, the one it is stopped at included.
         reached = rungs_passed(attrs)
-        trial.system_attrs, trial.rung = attrs, reached - 1 if stop else reached
+        trial.system_attrs, trial.rung = attrs, reached - 1 if stopped else reached
         trial.save(update_fields=["system_attrs", "rung"])
-        if stop:
+        if stopped:
             reason = (f"Stopped early by Hyperband at rung {reached} ("
-                      f"{search.objective_metric} {trial.value:g} after {len(trial.reports)} "
-                      f"{search.resource_name}).")
+                      f"{search.objective_metric} {trial.reports[stopped - 1]:g} after "
+                      f"{stopped} {search.resource_name}).")
             _stop_job(trial, reason)
             _end_trial(trial, HpoTrial.PRUNED, error=reason)
             study.mark_pruned(trial.number)

@@ -263,3 +263,19 @@ def test_a_trial_is_judged_only_once_its_last_metrics_had_time_to_land(
     services.advance(task.pk)
     task.refresh_from_db()
     assert task.state == HpoTask.FINISHED and task.trials.get().value == 0.5
+
+
+def test_a_trials_test_metric_wakes_the_scheduler_and_another_jobs_does_not(
+        owner, model_def, cluster, job, monkeypatch):
+    from events import rows
+    from events.ingest import ingest
+
+    woken = []
+    monkeypatch.setattr(rows, "wake_scheduler", lambda reason, **data: woken.append(data))
+    task = _create(owner, model_def, cluster, maxJobNum=1, maxParalleJobNum=1)
+    services.advance(task.pk)
+    trial_job = task.trials.get().job
+    for n, target in enumerate((job, trial_job)):
+        assert ingest({"type": "metrics.test", "job_id": str(target.pk), "source": "driver",
+                       "ts": 1000.0 + n, "epoch": 0, "loss": 0.5})
+    assert woken == [{"job": trial_job.pk}]  # Hyperband decides at once, not at the timer
