@@ -30,6 +30,9 @@ from rest_framework.test import APIClient
 from datasets import services as dataset_services
 from datasets.models import Dataset
 from environments.models import Environment, EnvironmentBuild
+from hpo import services as hpo_services
+from hpo.models import HpoTask, HpoTrial
+from hpo.space import parse_search
 from jobs import services as job_services
 from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
 from models import services as model_services
@@ -65,10 +68,11 @@ class Owned:
     dataset: Dataset
     model: ModelDefinition
     job: TrainingJob
+    search: HpoTask
 
     def ids(self) -> dict[str, int]:
         return {"/api/v1/datasets/": self.dataset.pk, "/api/v1/models/": self.model.pk,
-                "/api/v1/jobs/": self.job.pk}
+                "/api/v1/jobs/": self.job.pk, "/api/v1/hpo/": self.search.pk}
 
 
 @dataclass
@@ -108,7 +112,12 @@ def _own(user, name: str, tmp: Path, ig: InstanceGroup, host: Host, slot: int) -
     SlotAllocation.objects.create(job=job, host=host, slot=slot, worker_id=f"{name}-w0")
     JobMetric.objects.create(job=job, kind="train", epoch=1, values={"loss": 0.5})
     job_services.record_event(job, "worker.joined", f"{name}-w0 joined")
-    return Owned(dataset=dataset, model=model, job=job)
+    search = hpo_services.hpo_create(
+        user=user, model=model, instance_group=ig, trial_job={"max_workers": 1},
+        search=parse_search({"algorithm": "Random", "maxJobNum": 2, "objectiveMetric": "loss"},
+                            [{"name": "lr", "type": "Discrete", "dataType": "DOUBLE",
+                              "discreteDbVal": [0.1, 0.01]}]))
+    return Owned(dataset=dataset, model=model, job=job, search=search)
 
 
 @pytest.fixture
@@ -142,7 +151,8 @@ def _snapshot() -> dict:
     return {
         model.__name__: sorted(map(repr, model.objects.values()))
         for model in (Dataset, ModelDefinition, TrainingJob, SlotAllocation, JobEvent, JobMetric,
-                      Host, ResourceGroup, InstanceGroup, Token, Environment, EnvironmentBuild)
+                      Host, ResourceGroup, InstanceGroup, Token, Environment, EnvironmentBuild,
+                      HpoTask, HpoTrial)
     }
 
 
