@@ -25,6 +25,13 @@ STARTUP_MAX = 10
 CHECKED = "edt_checked_steps"
 
 
+def preload() -> None:
+    """Import Optuna and its samplers (the Gaussian process's torch and scipy parts: seconds,
+    once) before a search's step takes its database transaction, not inside it."""
+    import optuna.samplers  # noqa: F401
+    from optuna._gp import gp  # noqa: F401
+
+
 def _startup(search: Search) -> int:
     budget = search.trial_budget()
     return STARTUP_MAX if budget is None else max(2, min(STARTUP_MAX, budget // 3))

@@ -30,7 +30,7 @@ from django.utils import timezone
 from config.control_plane import wake_scheduler
 from config.ownership import is_admin
 from hpo.models import HpoTask, HpoTrial
-from hpo.search import CHECKED, Study, TrialRecord, rungs_passed
+from hpo.search import CHECKED, Study, TrialRecord, preload, rungs_passed
 from hpo.space import Search
 from jobs import jobfiles, states
 from jobs import priority as bounds
@@ -118,6 +118,8 @@ def hpo_delete(*, task: HpoTask, user) -> None:
 def advance_all() -> int:
     """Advance every active search once; returns how many were looked at."""
     ids = list(HpoTask.objects.filter(state__in=HpoTask.ACTIVE).values_list("pk", flat=True))
+    if ids:
+        preload()
     for pk in ids:
         try:
             advance(pk)
@@ -207,9 +209,10 @@ def _observe(task: HpoTask, search: Search, trial: HpoTrial) -> None:
     if job is None:  # deleted by its owner meanwhile
         _end_trial(trial, HpoTrial.FAILED, error="The trial's job was deleted.")
         return
-    trial.reports, names = objective_reports(job, search.objective_metric)
-    trial.value = trial.reports[-1] if trial.reports else None
-    trial.save(update_fields=["reports", "value"])
+    reports, names = objective_reports(job, search.objective_metric)
+    if reports != trial.reports:  # written only when new: a write holds SQLite's lock
+        trial.reports, trial.value = reports, reports[-1] if reports else None
+        trial.save(update_fields=["reports", "value"])
     if not job.is_terminal or _settling(job):
         return
     in_file, file_names = val_dict_values(job, search.objective_metric)
