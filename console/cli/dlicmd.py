@@ -632,39 +632,42 @@ def cmd_exec_priority(client: Client, flags, argv: list[str]) -> int:
 
 
 def cmd_exec_get(client: Client, flags, exec_id: str) -> int:
-    resp = client.request("GET", f"{client.dli}/execs/{exec_id}")
+    return _one_call(client, "GET", f"/execs/{exec_id}", f"Get exec {exec_id}", _as_json)
+
+
+def _one_call(client: Client, method: str, path: str, action: str, said) -> int:
+    """One request; on success ``said(response)`` is printed, else WMLA's error line."""
+    resp = client.request(method, client.dli + path)
     if not resp.ok:
-        return fail_response(resp, f"Get exec {exec_id}")
-    pprint_json(resp.json())
+        return fail_response(resp, action)
+    print(said(resp))
     return 0
+
+
+def _as_json(resp) -> str:
+    return json.dumps(resp.json(), indent=2)
+
+
+def _all_deleted(kind: str, left: str):
+    return lambda r: (f"Deleted {len(r.json().get('deleted', []))} {kind}; "
+                      f"{r.json().get('kept', 0)} still {left} were kept. HTTP:{r.status_code}")
 
 
 def cmd_exec_stop(client: Client, flags, exec_id: str) -> int:
-    resp = client.request("POST", f"{client.dli}/execs/{exec_id}/stop")
-    if not resp.ok:
-        return fail_response(resp, f"Stop exec {exec_id}")
-    state = resp.json()["state"]
-    print(f"Stop exec {exec_id} succeed. HTTP:{resp.status_code} state {state}")
-    return 0
+    return _one_call(client, "POST", f"/execs/{exec_id}/stop", f"Stop exec {exec_id}",
+                     lambda r: f"Stop exec {exec_id} succeed. HTTP:{r.status_code} state "
+                               f"{r.json()['state']}")
 
 
 def cmd_exec_delete(client: Client, flags, exec_id: str) -> int:
-    resp = client.request("DELETE", f"{client.dli}/execs/{exec_id}")
-    if not resp.ok:
-        return fail_response(resp, f"Delete exec {exec_id}")
-    print(f"Delete exec {exec_id} succeed. HTTP:{resp.status_code}")
-    return 0
+    return _one_call(client, "DELETE", f"/execs/{exec_id}", f"Delete exec {exec_id}",
+                     lambda r: f"Delete exec {exec_id} succeed. HTTP:{r.status_code}")
 
 
 def cmd_exec_delete_all(client: Client, flags, argv: list[str]) -> int:
     """Delete every ended exec of yours; active ones stay."""
-    resp = client.request("DELETE", f"{client.dli}/execs")
-    if not resp.ok:
-        return fail_response(resp, "Delete all execs")
-    body = resp.json()
-    print(f"Deleted {len(body.get('deleted', []))} execs; {body.get('kept', 0)} still active "
-          f"were kept. HTTP:{resp.status_code}")
-    return 0
+    return _one_call(client, "DELETE", "/execs", "Delete all execs",
+                     _all_deleted("execs", "active"))
 
 
 def cmd_process_logs(client: Client, flags, exec_id: str, stream: str) -> int:
@@ -770,37 +773,23 @@ def cmd_hpo_get_all(client: Client, flags, argv: list[str]) -> int:
 
 
 def cmd_hpo_get(client: Client, flags, name: str) -> int:
-    resp = client.request("GET", f"{client.dli}/hypersearch/{name}")
-    if not resp.ok:
-        return fail_response(resp, f"Get search {name}")
-    pprint_json(resp.json())
-    return 0
+    return _one_call(client, "GET", f"/hypersearch/{name}", f"Get search {name}", _as_json)
 
 
 def cmd_hpo_stop(client: Client, flags, name: str) -> int:
-    resp = client.request("PUT", f"{client.dli}/hypersearch/{name}")
-    if not resp.ok:
-        return fail_response(resp, f"Stop search {name}")
-    print(f"Stop search {name} succeed. HTTP:{resp.status_code} state {resp.json()['state']}")
-    return 0
+    return _one_call(client, "PUT", f"/hypersearch/{name}", f"Stop search {name}",
+                     lambda r: f"Stop search {name} succeed. HTTP:{r.status_code} state "
+                               f"{r.json()['state']}")
 
 
 def cmd_hpo_delete(client: Client, flags, name: str) -> int:
-    resp = client.request("DELETE", f"{client.dli}/hypersearch/{name}")
-    if not resp.ok:
-        return fail_response(resp, f"Delete search {name}")
-    print(f"Delete search {name} succeed. HTTP:{resp.status_code}")
-    return 0
+    return _one_call(client, "DELETE", f"/hypersearch/{name}", f"Delete search {name}",
+                     lambda r: f"Delete search {name} succeed. HTTP:{r.status_code}")
 
 
 def cmd_hpo_delete_all(client: Client, flags, argv: list[str]) -> int:
-    resp = client.request("DELETE", f"{client.dli}/hypersearch")
-    if not resp.ok:
-        return fail_response(resp, "Delete all searches")
-    body = resp.json()
-    print(f"Deleted {len(body.get('deleted', []))} searches; {body.get('kept', 0)} still "
-          f"running were kept. HTTP:{resp.status_code}")
-    return 0
+    return _one_call(client, "DELETE", "/hypersearch", "Delete all searches",
+                     _all_deleted("searches", "running"))
 
 
 # The commands that act on the server, called with (client, flags, argv), and those that act on
