@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from jobs.models import TrainingJob
+from tests.support import wait_until
+
 pytestmark = pytest.mark.slow
 
 AUTH = ("alice", "alice-pass-1234")
@@ -71,14 +74,30 @@ def make_tarfile(output_filename: str, source_dir: Path) -> None:
         tar.add(str(source_dir), arcname=os.path.basename(source_dir))
 
 
+ARGS = ("--exec-start edtPyTorch --cs-datastore-meta type=fs,data_path=cifar10EDTpytorch "
+        "--model-dir hpo-linear --gpuPerWorker 1 --edt-options maxWorkers=1 --model-main main.py")
+
+
+def _post(dl_rest_url: str, model_dir: Path, data: dict) -> str:
+    temp = tempfile.mktemp(".modelDir.tar")  # noqa: S306 - as the notebooks write it
+    make_tarfile(temp, model_dir)
+    try:
+        with open(temp, "rb") as handle:
+            r = requests.post(dl_rest_url + "/hypersearch", auth=AUTH, headers=HEADERS,
+                              files={"file": handle}, data={"data": json.dumps(data)},
+                              timeout=30)
+    finally:
+        os.remove(temp)
+    assert r.ok, r.content
+    return r.json()
+
+
 def test_an_hpo_notebook_runs_to_finished_with_the_best_configuration(
         live_server, dl_rest_url, cluster_processes, tmp_path):
     model_dir = tmp_path / "laptop" / "hpo-linear"
     model_dir.mkdir(parents=True)
     (model_dir / "main.py").write_text(HPO_MAIN)
-    args = ("--exec-start edtPyTorch --cs-datastore-meta type=fs,data_path=cifar10EDTpytorch "
-            "--model-dir hpo-linear --gpuPerWorker 1 --edt-options maxWorkers=1 "
-            "--model-main main.py")
+    args = ARGS
     data = {
         "modelSpec": {"sigName": "sig-elastic", "args": args},
         "algoDef": {"algorithm": "Random", "maxRunTime": -1, "maxJobNum": 3,
@@ -91,17 +110,7 @@ def test_an_hpo_notebook_runs_to_finished_with_the_best_configuration(
              "discreteIntVal": [1], "userDefined": True},
         ],
     }
-    temp = tempfile.mktemp(".modelDir.tar")  # noqa: S306 - as the notebooks write it
-    make_tarfile(temp, model_dir)
-    try:
-        with open(temp, "rb") as handle:
-            r = requests.post(dl_rest_url + "/hypersearch", auth=AUTH, headers=HEADERS,
-                              files={"file": handle}, data={"data": json.dumps(data)},
-                              timeout=30)
-    finally:
-        os.remove(temp)
-    assert r.ok, r.content
-    name = r.json()
+    name = _post(dl_rest_url, model_dir, data)
     deadline, body = time.monotonic() + 400, {}
     while time.monotonic() < deadline:
         body = requests.get(f"{dl_rest_url}/hypersearch/{name}", auth=AUTH, headers=HEADERS,
@@ -123,8 +132,6 @@ def test_an_hpo_notebook_runs_to_finished_with_the_best_configuration(
                           if p["name"] == "learning_rate"))
         assert 0.01 <= rate <= 0.5 and abs(rate * 100 - round(rate * 100)) < 1e-6
     # Each sub-training read its own values and wrote WMLA's val_dict_list.json.
-    from jobs.models import TrainingJob
-
     for experiment in experiments:
         job = TrainingJob.objects.get(pk=int(experiment["appId"].rsplit("-", 1)[1]))
         result = Path(job.result_dir)
@@ -135,3 +142,25 @@ def test_an_hpo_notebook_runs_to_finished_with_the_best_configuration(
         assert copied == config
         written = json.loads((result / "val_dict_list.json").read_text())
         assert written[-1]["loss"] == pytest.approx(experiment["metricVal"])
+
+    # A second search, stopped (PUT) while its trials train: they end and give their slots
+    # back within seconds, as a stopped exec does.
+    from jobs.models import SlotAllocation
+
+    long = {**data, "hyperParams": [data["hyperParams"][0],
+                                    {**data["hyperParams"][1], "discreteIntVal": [500]}]}
+    name = _post(dl_rest_url, model_dir, long)
+
+    def training() -> list[TrainingJob]:
+        jobs = TrainingJob.objects.filter(hpo_trials__task__name=name, state="RUNNING")
+        return [j for j in jobs if j.metrics.filter(kind="train").exists()]
+
+    running = wait_until(training, "a trial training", timeout=120)
+    stopped = requests.put(f"{dl_rest_url}/hypersearch/{name}", auth=AUTH, headers=HEADERS,
+                           timeout=10)
+    assert stopped.ok and stopped.json()["state"] == "STOPPED", stopped.content
+    held = SlotAllocation.objects.filter(job__hpo_trials__task__name=name,
+                                         released_at__isnull=True)
+    wait_until(lambda: not held.exists() and all(
+        TrainingJob.objects.get(pk=j.pk).state == "KILLED" for j in running),
+        "the stopped trials to end and free their slots", timeout=30)
