@@ -481,3 +481,28 @@ def hosts_overview(*, user) -> list[dict[str, Any]]:
         rows.append({"host": host, "gpus": gpus, "held": len(allocs),
                      "slots": _host_slots(host, gpus, allocs, mine)})
     return rows
+
+
+@dataclass
+class ResultsUsage:
+    """What one user's jobs keep in their result folders, against their quota."""
+
+    used: int
+    jobs: int
+    quota: int  # 0: no quota (EDT_RESULTS_QUOTA_BYTES)
+
+    @property
+    def percent(self) -> int | None:
+        return min(100, round(100 * self.used / self.quota)) if self.quota else None
+
+
+def results_usage(*, user) -> ResultsUsage:
+    """The blocks ``user``'s result folders hold, measured as the results quota measures them
+    (``jobfiles.allocated_bytes``: by descriptor, a sparse file not over-counted)."""
+    from django.conf import settings
+
+    folders = TrainingJob.objects.filter(owner=user).values_list("pk", "result_dir")
+    used = sum(jobfiles.allocated_bytes(jobfiles.result_folder(pk, recorded))
+               for pk, recorded in folders)
+    quota = int(getattr(settings, "EDT_RESULTS_QUOTA_BYTES", 0) or 0)
+    return ResultsUsage(used=used, jobs=len(folders), quota=quota)

@@ -22,6 +22,7 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
+from console import selectors
 from console.manage_forms import PasswordResetForm, UserCreateForm
 from console.views import admin_required
 
@@ -49,7 +50,9 @@ def _renew_token(user) -> Token:
 
 @admin_required
 def users(request: HttpRequest) -> HttpResponse:
-    rows = User.objects.order_by("username").select_related("auth_token")
+    rows = list(User.objects.order_by("username").select_related("auth_token"))
+    for row in rows:  # what each user's results take, as the quota counts it
+        row.results = selectors.results_usage(user=row)
     return render(request, "console/users.html", {"users": rows})
 
 
@@ -165,6 +168,7 @@ def my_account(request: HttpRequest) -> HttpResponse:
         messages.success(request, "A new API token was made; the old one no longer works.")
         return redirect("my-account")
     token = Token.objects.filter(user=request.user).first()
-    response = render(request, "console/my_account.html", {"token": token})
+    response = render(request, "console/my_account.html",
+                      {"token": token, "results": selectors.results_usage(user=request.user)})
     add_never_cache_headers(response)
     return response

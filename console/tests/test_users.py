@@ -4,7 +4,9 @@ their own token on "My account"."""
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -207,3 +209,17 @@ def test_a_staff_admin_sees_no_buttons_for_a_superuser(browser, admin, django_us
     html = browser(staff).get(reverse("users")).content.decode()
     assert reverse("user-password", args=[admin.pk]) not in html
     assert "Only a superuser changes a superuser" in html
+
+
+def test_each_users_results_are_measured_against_their_quota(browser, admin, owner, job,
+                                                             settings):
+    settings.EDT_RESULTS_QUOTA_BYTES = 4 << 20
+    folder = Path(job.result_dir)
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "weights.pth").write_bytes(os.urandom(1 << 20))  # 1 MiB, not sparse
+    (folder / "sparse.bin").open("wb").truncate(512 << 20)  # no block held: not counted
+    page = browser(admin).get(reverse("users")).content.decode()
+    cell = re.search(r'data-results="alice">(.*?)</td>', page, re.S).group(1)
+    assert cell.startswith("1.0 MB") and "1 job, 25% of 4.0 MB" in cell
+    mine = browser(owner).get(reverse("my-account")).content.decode()
+    assert re.search(r"id=\"results-usage\">1\.0 MB in 1 job \(25% of your quota", mine)
