@@ -1,9 +1,10 @@
 """Shared fixtures: an owner, another user and an admin; a cluster of two hosts with four CPU
 slots each; data and model roots in a temporary folder.
 
-And the run's own state in the shared Redis (``pytest_configure``): under pytest-xdist each
+And the run's own state in the shared services (``pytest_configure``): under pytest-xdist each
 worker gets a Redis database of its own, and every run its own cache and channel-layer
-prefixes, so parallel workers, and other runs on the same machine, never share keys. Tests
+prefixes and its own PostgreSQL test databases, so parallel workers, and other runs on the
+same machine, never share keys or tables. Tests
 that start real processes are marked ``slow`` (``pytest_collection_modifyitems``), so that
 ``-m "not slow"`` is the quick tier; a test that starts a child process without the mark is
 named at the end of the run."""
@@ -50,6 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # that every run's fresh database reuses: a prefix per run keeps them apart.
     # The processes tests start inherit the same prefixes, unless a test gives them its own.
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)[:10]
+    # A PostgreSQL test database per run too (pytest-django adds the worker, "_gw0"): two runs
+    # on one server (two checkouts, CI beside a developer) would otherwise drop each other's.
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.postgresql":
+        db.setdefault("TEST", {}).setdefault("NAME", f"test_{db['NAME']}_{run}")
     prefix = os.environ["EDT_CACHE_PREFIX"] = f"edt-test-{run}-{worker or 'main'}"
     os.environ["EDT_CHANNEL_PREFIX"] = prefix
     settings.CACHES["default"]["KEY_PREFIX"] = prefix

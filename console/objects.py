@@ -240,10 +240,23 @@ def dataset_delete(request: HttpRequest, pk: int) -> HttpResponse:
         retired.delete()
         dataset_services.dataset_delete(dataset=dataset, user=user)
 
+    if request.method == "POST" and request.POST.get("keep_runs") and not plan.blocked:
+        return _retire_dataset(request, dataset)
     return _confirm_or_delete(
         request, dataset, what="dataset", plan=plan, delete=delete,
         back="datasets", template="console/dataset_delete.html",
     )
+
+
+def _retire_dataset(request: HttpRequest, dataset: Dataset) -> HttpResponse:
+    """"Delete the dataset, keep its runs": its ended jobs stay, naming it "(deleted)"."""
+    try:
+        job_services.dataset_retire(dataset=dataset, user=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("dataset-delete", pk=dataset.pk)
+    messages.success(request, f"Dataset {dataset.name} deleted; its runs are kept.")
+    return redirect("datasets")
 
 
 # --- models ----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from config.ownership import OwnedQuerySet
+from config.ownership import RetirableQuerySet
 from resources.names import NAME_MAX_LENGTH
 
 
@@ -54,14 +54,23 @@ class Dataset(models.Model):
         Upload, null=True, blank=True, on_delete=models.SET_NULL, related_name="dataset"
     )
     created = models.DateTimeField(default=timezone.now)
+    # Set when it was deleted and its ended jobs kept (they still name it): see
+    # ``config.ownership.RetirableQuerySet``.
+    deleted = models.DateTimeField(null=True, blank=True, editable=False)
 
-    objects = OwnedQuerySet.as_manager()
+    objects = RetirableQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
         constraints = [
-            models.UniqueConstraint(fields=["owner", "name"], name="dataset_name_unique_per_owner")
+            models.UniqueConstraint(fields=["owner", "name"], name="dataset_name_unique_per_owner",
+                                    condition=models.Q(deleted__isnull=True))
         ]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def shown_name(self) -> str:
+        """Its name as the runs that used it show it: "(deleted)" once it is."""
+        return f"{self.name} (deleted)" if self.deleted else self.name

@@ -22,7 +22,7 @@ def _check_name(name: str, owner, renamed: Dataset | None = None) -> str:
     check_name_length(name, "A dataset's name")
     # Names are unique per owner: the message speaks of the owner's own datasets alone, so it
     # says nothing of the names other users chose.
-    taken = Dataset.objects.filter(owner=owner, name=name)
+    taken = Dataset.objects.live().filter(owner=owner, name=name)
     if renamed is not None:
         taken = taken.exclude(pk=renamed.pk)
     if taken.exists():

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from config.control_plane import wake_scheduler
 from config.ownership import is_admin
-from datasets.models import Upload
+from datasets.models import Dataset, Upload
 from environments.models import Environment
 from environments.services import environment_for
 from jobs import jobfiles, jobwrites, states
@@ -382,6 +382,34 @@ def job_delete(*, job: TrainingJob, user) -> list[str]:
         if folder is not None:
             transaction.on_commit(lambda: left.extend(remove_result_folder(folder)))
     return left
+
+
+def dataset_retire(*, dataset: Dataset, user) -> None:
+    """Delete a dataset but keep the ended jobs that trained on it, their records, metrics and
+    results: it leaves every list and form (its name is free again) and those jobs show it as
+    "name (deleted)". An uploaded dataset's files go; a folder the user named stays. A job of
+    it that has not ended, or a model that still uses it, keeps it from going (a model names
+    its dataset: delete the model first, its runs kept or not)."""
+    if dataset.owner_id != user.id and not is_admin(user):
+        raise PermissionDenied("You can only delete your own datasets.")
+    with transaction.atomic():
+        dataset = Dataset.objects.select_for_update().get(pk=dataset.pk)
+        running = dataset.jobs.exclude(state__in=states.TERMINAL).values_list("pk", flat=True)
+        if running:
+            raise ValidationError(f"Job {', '.join(f'#{pk}' for pk in running)} on this "
+                                  "dataset has not ended: stop it first.")
+        models = ModelDefinition.objects.live().filter(dataset=dataset)
+        if models.exists():
+            raise ValidationError("Model " + ", ".join(m.name for m in models[:5])
+                                  + " uses this dataset: delete it first.")
+        if not dataset.jobs.exists():
+            ModelDefinition.objects.filter(dataset=dataset).delete()  # retired ones, runless
+            dataset.delete()
+            return
+        dataset.deleted = timezone.now()
+        dataset.save(update_fields=["deleted"])
+        if dataset.upload_id is not None:
+            Upload.objects.filter(pk=dataset.upload_id).delete()  # its folder, after the commit
 
 
 def model_retire(*, model: ModelDefinition, user) -> None:

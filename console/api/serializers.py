@@ -109,7 +109,7 @@ class ModelDefinitionSerializer(serializers.ModelSerializer):
     its main file's imports the environment its jobs run in lacks: advice, never a refusal."""
 
     owner = serializers.CharField(source="owner.username", read_only=True)
-    dataset = serializers.PrimaryKeyRelatedField(queryset=Dataset.objects.all())
+    dataset = serializers.PrimaryKeyRelatedField(queryset=Dataset.objects.live())
     environment = serializers.SlugRelatedField(
         slug_field="name", queryset=Environment.objects.filter(base__isnull=True),
         allow_null=True, required=False,
@@ -207,7 +207,7 @@ class JobSerializer(serializers.ModelSerializer):
 class JobSubmitSerializer(serializers.Serializer):
     model = serializers.PrimaryKeyRelatedField(queryset=ModelDefinition.objects.all())
     instance_group = serializers.PrimaryKeyRelatedField(queryset=InstanceGroup.objects.all())
-    dataset = serializers.PrimaryKeyRelatedField(queryset=Dataset.objects.all(), required=False)
+    dataset = serializers.PrimaryKeyRelatedField(queryset=Dataset.objects.live(), required=False)
     name = serializers.CharField(
         max_length=NAME_MAX_LENGTH, required=False, allow_blank=True, default="",
         error_messages={"max_length": name_too_long("A job's name")},

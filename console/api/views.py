@@ -149,9 +149,20 @@ class DatasetViewSet(viewsets.ModelViewSet):
     def perform_update(self, serializer):
         _update_only(serializer, self.UPDATABLE)
 
+    @extend_schema(parameters=[OpenApiParameter(
+        "keep_runs", bool, description="Keep the ended jobs that trained on it (records, "
+        "metrics, results), showing it as deleted; without it, a dataset a job used is a 409.")])
+    def destroy(self, request, *args, **kwargs):
+        return super().destroy(request, *args, **kwargs)
+
     def perform_destroy(self, instance):
-        # An uploaded dataset's folder is removed with it; one still in use is a 409.
-        call_service(dataset_services.dataset_delete, dataset=instance, user=self.request.user)
+        # An uploaded dataset's folder is removed with it; one still in use is a 409, unless
+        # its runs are kept (?keep_runs=true).
+        if self.request.query_params.get("keep_runs", "").lower() in ("1", "true", "yes"):
+            call_service(job_services.dataset_retire, dataset=instance, user=self.request.user)
+        else:
+            call_service(dataset_services.dataset_delete, dataset=instance,
+                         user=self.request.user)
 
     @extend_schema(request=s.DatasetUploadSerializer, responses={201: s.DatasetSerializer})
     @action(detail=False, methods=["post"])

@@ -340,6 +340,65 @@ def test_a_dataset_goes_with_a_deleted_models_kept_runs(browser, owner, model_de
     assert not ModelDefinition.objects.filter(pk=model_def.pk).exists()
 
 
+def test_a_dataset_can_go_and_keep_its_runs_once_its_models_went(
+        browser, owner, model_def, job, cluster, api, django_capture_on_commit_callbacks):
+    from datasets.models import Dataset
+    from datasets.services import dataset_create
+    from jobs.models import JobMetric
+    from jobs.services import model_retire
+
+    _end(job)
+    root = _results(job)
+    JobMetric.objects.create(job=job, kind="test", values={"accuracy": 0.9})
+    dataset = model_def.dataset
+    client = browser(owner)
+    # A live model names the dataset: it must go first (its runs kept or not).
+    page = client.get(reverse("dataset-delete", args=[dataset.pk])).content.decode()
+    assert "keep its" not in page
+    client.post(reverse("dataset-delete", args=[dataset.pk]), {"keep_runs": "1"})
+    assert Dataset.objects.get(pk=dataset.pk).deleted is None
+    model_retire(model=model_def, user=owner)
+    page = client.get(reverse("dataset-delete", args=[dataset.pk])).content.decode()
+    assert "Delete the dataset, keep its 1 run" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("dataset-delete", args=[dataset.pk]), {"keep_runs": "1"})
+    assert response.status_code == 302 and response.url == reverse("datasets")
+    dataset.refresh_from_db()
+    assert dataset.deleted is not None and dataset.shown_name.endswith("(deleted)")
+    # Gone from the lists and its page; the name is free again; the run keeps everything.
+    assert reverse("dataset", args=[dataset.pk]) not in client.get(
+        reverse("datasets")).content.decode()
+    assert client.get(reverse("dataset", args=[dataset.pk])).status_code == 404
+    again = dataset_create(owner=owner, name=dataset.name, train_path=dataset.train_path,
+                           test_path=dataset.test_path)
+    assert again.pk != dataset.pk
+    assert JobMetric.objects.filter(job=job).count() == 1 and root.exists()
+    job.refresh_from_db()
+    assert job.dataset_id == dataset.pk
+    # A retired dataset cannot be picked for a new job over the API.
+    from models.services import model_create
+
+    model = model_create(owner=owner, name="m2", location=model_def.location, dataset=again)
+    refused = api(owner).post("/api/v1/jobs/", {"model": model.pk, "dataset": dataset.pk,
+                                               "instance_group": cluster["instance_group"].pk},
+                              format="json")
+    assert refused.status_code == 400 and "dataset" in refused.json(), refused.json()
+
+
+def test_the_api_keeps_a_datasets_runs_on_request(api, owner, model_def, job):
+    from jobs.services import model_retire
+
+    _end(job)
+    model_retire(model=model_def, user=owner)
+    dataset = model_def.dataset
+    assert api(owner).delete(f"/api/v1/datasets/{dataset.pk}/").status_code == 409
+    response = api(owner).delete(f"/api/v1/datasets/{dataset.pk}/?keep_runs=true")
+    assert response.status_code == 204
+    dataset.refresh_from_db()
+    assert dataset.deleted is not None
+    assert api(owner).get(f"/api/v1/datasets/{dataset.pk}/").status_code == 404
+
+
 # --- resource and instance groups ----------------------------------------------------------
 
 

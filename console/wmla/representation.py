@@ -144,7 +144,7 @@ def exec_json(job: TrainingJob, *, detail: bool = False) -> dict:
         "workerDeviceType": (wmla.worker_device_type if wmla else "") or "",
         "userArgs": job.args,
         "envVars": job.env_vars,
-        "dataset": job.dataset.name if job.dataset_id else None,
+        "dataset": job.dataset.shown_name if job.dataset_id else None,
         "model": job.model.name,
         "progress": {"epoch": job.epoch, "epochs": epochs_of(job), "iteration": job.iteration},
         "restarts": job.restarts,

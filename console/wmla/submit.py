@@ -113,7 +113,7 @@ def dataset_for(*, user, data_path: str) -> Dataset | None:
     train = next((p for p in subdirs if p.name.lower().startswith("train")), folder)
     test = next((p for p in subdirs if p.name.lower().startswith("test")), folder)
     name = f"{user.get_username()}:{data_path}"[:100]
-    existing = Dataset.objects.filter(name=name, owner=user).first()
+    existing = Dataset.objects.live().filter(name=name, owner=user).first()
     if existing is not None:
         return existing
     return dataset_services.dataset_create(

@@ -68,7 +68,7 @@ class Command(BaseCommand):
         for part in ("train", "test"):
             (data_root / part).mkdir(parents=True, exist_ok=True)
         # Dataset names are unique per owner: another user may have a "demo-synthetic" too.
-        dataset, _ = Dataset.objects.get_or_create(
+        dataset, _ = Dataset.objects.live().get_or_create(
             owner=admin,
             name="demo-synthetic",
             defaults={
@@ -81,7 +81,7 @@ class Command(BaseCommand):
         if not model_dir.exists() and DEMO_SOURCE.is_dir():
             shutil.copytree(DEMO_SOURCE, model_dir)
         if model_dir.is_dir():
-            ModelDefinition.objects.get_or_create(
+            ModelDefinition.objects.live().get_or_create(
                 owner=admin,
                 name="edt-demo",
                 defaults={
