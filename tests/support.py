@@ -143,3 +143,21 @@ def enterable_roots(settings, prefix: str) -> Path:
     settings.EDT_RESULT_ROOT = root / "results"
     settings.EDT_UPLOAD_ROOT = root / "uploads"
     return root
+
+
+def wait_for_http(url: str, proc, log, timeout: float = 90.0, **get):
+    """The first answer of a server just started (``proc``, writing to the file ``log``) to a
+    GET of ``url``. A refused connection (not listening yet) and a slow first answer (a read
+    timeout on a loaded machine) are waited out until ``timeout``; the server exiting fails at
+    once, with the end of its log."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"the server exited:\n{log.read_text()[-3000:]}"
+        try:
+            return requests.get(url, timeout=5, **get)
+        except (requests.ConnectionError, requests.Timeout):
+            assert time.monotonic() < deadline, \
+                f"{url} did not answer in {timeout:g} s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)

@@ -19,7 +19,7 @@ from django.core.management import CommandError, call_command
 from config import tls
 from console.management.commands import up
 from console.management.commands.up import Child, _stop_children, port_free, web_argv
-from tests.support import free_port
+from tests.support import free_port, wait_for_http
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -255,16 +255,8 @@ def test_the_web_server_serves_https_beside_http_with_that_certificate(tmp_path)
         web = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink,  # noqa: S603
                                stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert web.poll() is None, log.read_text()
-            try:
-                answer = requests.get(f"https://127.0.0.1:{https_port}/login/", timeout=5,
-                                      verify=str(made.cert))
-                break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
+        answer = wait_for_http(f"https://127.0.0.1:{https_port}/login/", web, log, 60,
+                               verify=str(made.cert))
         assert answer.status_code == 200
         assert requests.get(f"http://127.0.0.1:{port}/login/", timeout=5).status_code == 200
     finally:

@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ import requests
 from django.conf import settings
 
 from config.tls import web_argv
-from tests.support import free_port
+from tests.support import free_port, wait_for_http
 
 pytestmark = pytest.mark.slow
 
@@ -113,18 +112,6 @@ class Sampler(threading.Thread):
         self.join(timeout=10)
 
 
-def _wait_for(url: str, web: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while True:
-        assert web.poll() is None, f"the web server exited:\n{log.read_text()[-3000:]}"
-        try:
-            requests.get(url, timeout=5)
-            return
-        except requests.ConnectionError:
-            assert time.monotonic() < deadline, f"{url} did not answer in 90 s:\n{log.read_text()}"
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[dict]:
     """The web server as ``./edt up`` starts it, on its own database and result folders, with
@@ -162,7 +149,7 @@ def server(tmp_path_factory) -> Iterator[dict]:
                                stdout=sink, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_for(f"{base}/login/", web, log)
+        wait_for_http(f"{base}/login/", web, log)
         yield {"base": base, "pid": web.pid, "big": jobs["big"][0], "small": jobs["small"][0],
                "log": log}
     finally:

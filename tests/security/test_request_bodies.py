@@ -36,7 +36,7 @@ import requests
 from django.conf import settings
 
 from config.tls import web_argv
-from tests.support import free_port
+from tests.support import free_port, wait_for_http
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +136,7 @@ def _serving(env: dict[str, str], log: Path) -> Iterator[tuple[int, int]]:
         web = subprocess.Popen(web_argv("127.0.0.1", port, 0, None), cwd=ROOT, env=env,  # noqa: S603
                                stdout=sink, stderr=subprocess.STDOUT)
     try:
-        _wait_for(f"http://127.0.0.1:{port}/login/", web, log)
+        wait_for_http(f"http://127.0.0.1:{port}/login/", web, log)
         yield web.pid, port
     finally:
         web.terminate()
@@ -145,18 +145,6 @@ def _serving(env: dict[str, str], log: Path) -> Iterator[tuple[int, int]]:
         except subprocess.TimeoutExpired:
             web.kill()
             web.wait(timeout=10)
-
-
-def _wait_for(url: str, web: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while True:
-        assert web.poll() is None, f"the web server exited:\n{log.read_text()[-3000:]}"
-        try:
-            requests.get(url, timeout=5)
-            return
-        except requests.ConnectionError:
-            assert time.monotonic() < deadline, f"{url} did not answer in 90 s:\n{log.read_text()}"
-            time.sleep(0.2)
 
 
 class Body:
