@@ -132,3 +132,31 @@ def test_a_removal_names_what_it_could_not_remove(result, tmp_path, monkeypatch)
     finally:
         os.close(fd)
     assert left == ["job-1/a/f", "job-1/a", "job-1"]
+
+
+def test_a_file_put_in_place_replaces_what_is_there_and_writes_through_no_link(
+        result: Path, tmp_path: Path):
+    # The job planted links where the agent writes a trial's config.json: to a file of the
+    # host, and (a folder on the way) to a folder of the host.
+    target = tmp_path / "host-file"
+    target.write_text("HOST")
+    (result / "config.json").symlink_to(target)
+    elsewhere = tmp_path / "host-folder"
+    elsewhere.mkdir()
+    (result / "_submitted_code").symlink_to(elsewhere)
+    jobwrites.write_file(result, ("config.json",), b'{"lr": 0.1}')
+    jobwrites.write_file(result, ("_submitted_code", "m", "config.json"), b'{"lr": 0.1}')
+    assert target.read_text() == "HOST" and list(elsewhere.iterdir()) == []
+    assert not (result / "config.json").is_symlink()
+    assert (result / "config.json").read_text() == '{"lr": 0.1}'
+    assert (result / "_submitted_code" / "m" / "config.json").read_text() == '{"lr": 0.1}'
+    # A hard link the job made to a host file is replaced, never written into.
+    (result / "config.json").unlink()
+    os.link(target, result / "config.json")
+    jobwrites.write_file(result, ("config.json",), b"{}")
+    assert target.read_text() == "HOST" and (result / "config.json").read_text() == "{}"
+    # A folder in its place is refused, not emptied.
+    (result / "config.json").unlink()
+    (result / "config.json").mkdir()
+    with pytest.raises(OSError):
+        jobwrites.write_file(result, ("config.json",), b"{}")
