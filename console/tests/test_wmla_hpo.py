@@ -155,3 +155,13 @@ def test_data_that_is_not_json_or_a_missing_file_is_a_400(api, owner, cluster, d
     assert "data" in start(api(owner), "{not json").json()
     response = api(owner).post(f"{DL}/hypersearch", {"data": json.dumps(SEARCH)})
     assert response.status_code == 400 and "file" in response.json()
+
+
+def test_the_search_may_come_as_a_file_part_too(api, owner, cluster, dataset, roots):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    body = {"data": SimpleUploadedFile("data.json", json.dumps(SEARCH).encode(),
+                                       content_type="application/json"), "file": upload()}
+    response = api(owner).post(f"{DL}/hypersearch", body)
+    assert response.status_code == 200, response.content
+    assert HpoTask.objects.get(name=response.json()).search["max_trials"] == 3

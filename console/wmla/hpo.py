@@ -27,13 +27,23 @@ EXPERIMENT_STATES = {HpoTrial.RUNNING: "RUNNING", HpoTrial.COMPLETE: "FINISHED",
                      HpoTrial.STOPPED: "STOPPED"}
 
 
+DATA_MAX_BYTES = 1 << 20
+
+
 def _data(form) -> dict:
     raw = form.get("data") if hasattr(form, "get") else None
+    if hasattr(raw, "read"):
+        # Sent as a file part (a filename given; DRF's request.data holds the form's files
+        # too): the same JSON text, read to a bound.
+        raw = raw.read(DATA_MAX_BYTES + 1)
+        if len(raw) > DATA_MAX_BYTES:
+            raise ValidationError({"data": f"data is larger than {DATA_MAX_BYTES} bytes."})
+        raw = raw.decode("utf-8", errors="replace")
     if raw in (None, ""):
         raise ValidationError({"data": "Send the search as JSON text in the form field 'data' "
                                        "(modelSpec, algoDef, hyperParams)."})
     try:
-        data = json_loads(raw) if isinstance(raw, str | bytes) else raw
+        data = json_loads(raw) if isinstance(raw, str) else raw
     except ValueError as exc:
         raise ValidationError({"data": f"data is not valid JSON: {exc}"}) from None
     if not isinstance(data, dict):
