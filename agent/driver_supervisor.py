@@ -9,13 +9,15 @@ for longer than the scheduler waits before it starts another (``driver_lease_s``
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import ipaddress
 import logging
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
@@ -159,6 +161,33 @@ def _addr_file(job: TrainingJob, attempt: int) -> str:
     return addr_file
 
 
+@contextlib.contextmanager
+def _alive_while_preparing(job_id: int, attempt: int) -> Iterator[None]:
+    """Keep the job's heartbeat fresh while its driver is prepared: building a new
+    environment for it can take minutes, and a silent launch would look to the scheduler like
+    a lost driver (it would start another attempt, which waits on the same build)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(HEARTBEAT_S):
+                if not _fenced(job_id, attempt, heartbeat=timezone.now()):
+                    return  # a newer attempt took over
+        except DatabaseError as exc:
+            log.warning("job %s attempt %s: heartbeat while preparing failed: %s",
+                        job_id, attempt, exc)
+        finally:
+            connection.close()  # this thread's own connection
+
+    keeper = threading.Thread(target=beat, name=f"job-{job_id}-preparing", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        keeper.join(10)
+
+
 def _run_driver(job_id: int, attempt: int, host_name: str, key: str) -> str:
     job = TrainingJob.objects.select_related("model", "dataset").get(pk=job_id)
     if not _claim_start(job, attempt):
@@ -172,7 +201,8 @@ def _run_driver(job_id: int, attempt: int, host_name: str, key: str) -> str:
         **_driver_network_env(host_name),
     })
     try:
-        child = spawn(job, key, "driver", env, host_name)
+        with _alive_while_preparing(job_id, attempt):
+            child = spawn(job, key, "driver", env, host_name)
     except LaunchError as exc:
         return _fail_now(job_id, attempt, host_name, f"The job cannot start: {exc}")
     registry.set_child(key, child)

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -308,3 +309,24 @@ def test_a_finished_job_keeps_no_error_of_an_earlier_attempt(launch, job, script
     assert outcome == states.FINISHED and job.state == states.FINISHED
     assert job.error == ""
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_launch_that_prepares_for_long_keeps_its_job_alive_for_the_scheduler(
+        job, monkeypatch):
+    # A new environment may take minutes to build before the driver starts: meanwhile the
+    # job's heartbeat moves on, so the scheduler does not take it for a lost driver.
+    from agent import driver_supervisor
+    from jobs.models import TrainingJob
+    from tests.support import wait_until
+
+    monkeypatch.setattr(driver_supervisor, "HEARTBEAT_S", 0.05)
+    TrainingJob.objects.filter(pk=job.pk).update(attempt=1, heartbeat=None)
+    with driver_supervisor._alive_while_preparing(job.pk, 1):
+        wait_until(lambda: TrainingJob.objects.get(pk=job.pk).heartbeat, "a heartbeat", 10)
+        TrainingJob.objects.filter(pk=job.pk).update(attempt=2, heartbeat=None)  # taken over
+        wait_until(lambda: not any(t.name == f"job-{job.pk}-preparing"
+                                   for t in threading.enumerate()),
+                   "the keeper to see the newer attempt and stop", 10)
+    # A newer attempt's row is never written by the older one.
+    assert TrainingJob.objects.get(pk=job.pk).heartbeat is None
