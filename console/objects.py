@@ -241,22 +241,11 @@ def dataset_delete(request: HttpRequest, pk: int) -> HttpResponse:
         dataset_services.dataset_delete(dataset=dataset, user=user)
 
     if request.method == "POST" and request.POST.get("keep_runs") and not plan.blocked:
-        return _retire_dataset(request, dataset)
+        return _retire(request, dataset, job_services.dataset_retire, "dataset", "datasets")
     return _confirm_or_delete(
         request, dataset, what="dataset", plan=plan, delete=delete,
         back="datasets", template="console/dataset_delete.html",
     )
-
-
-def _retire_dataset(request: HttpRequest, dataset: Dataset) -> HttpResponse:
-    """"Delete the dataset, keep its runs": its ended jobs stay, naming it "(deleted)"."""
-    try:
-        job_services.dataset_retire(dataset=dataset, user=request.user)
-    except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-        return redirect("dataset-delete", pk=dataset.pk)
-    messages.success(request, f"Dataset {dataset.name} deleted; its runs are kept.")
-    return redirect("datasets")
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -318,22 +307,23 @@ def model_delete(request: HttpRequest, pk: int) -> HttpResponse:
     model = _visible_model(request, pk)
     plan = delete_plan(model.jobs.all(), request.user)
     if request.method == "POST" and request.POST.get("keep_runs") and not plan.blocked:
-        return _retire_model(request, model)
+        return _retire(request, model, job_services.model_retire, "model", "models")
     return _confirm_or_delete(
         request, model, what="model", plan=plan, delete=model_services.model_delete,
         back="models", template="console/model_delete.html",
     )
 
 
-def _retire_model(request: HttpRequest, model: ModelDefinition) -> HttpResponse:
-    """"Delete the model, keep its runs": its ended jobs stay, naming it "(deleted)"."""
+def _retire(request: HttpRequest, row, retire, what: str, back: str) -> HttpResponse:
+    """"Delete the model (or dataset), keep its runs": its ended jobs stay, naming it
+    "(deleted)"; a refusal goes back to its delete page."""
     try:
-        job_services.model_retire(model=model, user=request.user)
+        retire(**{what: row}, user=request.user)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
-        return redirect("model-delete", pk=model.pk)
-    messages.success(request, f"Model {model.name} deleted; its runs are kept.")
-    return redirect("models")
+        return redirect(f"{what}-delete", pk=row.pk)
+    messages.success(request, f"{what.capitalize()} {row.name} deleted; its runs are kept.")
+    return redirect(back)
 
 
 # --- resource and instance groups --------------------------------------------------------------

@@ -384,6 +384,29 @@ def job_delete(*, job: TrainingJob, user) -> list[str]:
     return left
 
 
+def _refuse_running(row, whose: str) -> None:
+    """A model or dataset a job that has not ended uses cannot go (the job reads it again at
+    each restart)."""
+    running = row.jobs.exclude(state__in=states.TERMINAL).values_list("pk", flat=True)
+    if running:
+        raise ValidationError(f"Job {', '.join(f'#{pk}' for pk in running)} {whose} has not "
+                              "ended: stop it first.")
+
+
+def _retire_row(row, before_delete=None) -> None:
+    """The locked model or dataset ``row`` goes for good when no job used it; else it is
+    marked deleted and its jobs keep naming it. Its uploaded folder goes after the commit."""
+    if not row.jobs.exists():
+        if before_delete is not None:
+            before_delete()
+        row.delete()
+        return
+    row.deleted = timezone.now()
+    row.save(update_fields=["deleted"])
+    if row.upload_id is not None:
+        Upload.objects.filter(pk=row.upload_id).delete()
+
+
 def dataset_retire(*, dataset: Dataset, user) -> None:
     """Delete a dataset but keep the ended jobs that trained on it, their records, metrics and
     results: it leaves every list and form (its name is free again) and those jobs show it as
@@ -394,22 +417,13 @@ def dataset_retire(*, dataset: Dataset, user) -> None:
         raise PermissionDenied("You can only delete your own datasets.")
     with transaction.atomic():
         dataset = Dataset.objects.select_for_update().get(pk=dataset.pk)
-        running = dataset.jobs.exclude(state__in=states.TERMINAL).values_list("pk", flat=True)
-        if running:
-            raise ValidationError(f"Job {', '.join(f'#{pk}' for pk in running)} on this "
-                                  "dataset has not ended: stop it first.")
+        _refuse_running(dataset, "on this dataset")
         models = ModelDefinition.objects.live().filter(dataset=dataset)
         if models.exists():
             raise ValidationError("Model " + ", ".join(m.name for m in models[:5])
                                   + " uses this dataset: delete it first.")
-        if not dataset.jobs.exists():
-            ModelDefinition.objects.filter(dataset=dataset).delete()  # retired ones, runless
-            dataset.delete()
-            return
-        dataset.deleted = timezone.now()
-        dataset.save(update_fields=["deleted"])
-        if dataset.upload_id is not None:
-            Upload.objects.filter(pk=dataset.upload_id).delete()  # its folder, after the commit
+        # Without runs, the retired models that named it go with it.
+        _retire_row(dataset, ModelDefinition.objects.filter(dataset=dataset).delete)
 
 
 def model_retire(*, model: ModelDefinition, user) -> None:
@@ -422,14 +436,5 @@ def model_retire(*, model: ModelDefinition, user) -> None:
         raise PermissionDenied("You can only delete your own models.")
     with transaction.atomic():
         model = ModelDefinition.objects.select_for_update().get(pk=model.pk)
-        running = model.jobs.exclude(state__in=states.TERMINAL).values_list("pk", flat=True)
-        if running:
-            raise ValidationError(f"Job {', '.join(f'#{pk}' for pk in running)} of this model "
-                                  "has not ended: stop it first.")
-        if not model.jobs.exists():
-            model.delete()
-            return
-        model.deleted = timezone.now()
-        model.save(update_fields=["deleted"])
-        if model.upload_id is not None:
-            Upload.objects.filter(pk=model.upload_id).delete()  # its folder, after the commit
+        _refuse_running(model, "of this model")
+        _retire_row(model)
