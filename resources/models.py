@@ -137,6 +137,7 @@ class InstanceGroup(models.Model):
         FAIRSHARE = "fairshare", "Fair share"
         PRIORITY = "priority", "Priority"
         FIFO = "fifo", "FIFO"
+        GOODPUT = "goodput", "Throughput-aware fair share"
 
     name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True)
     resource_group = models.ForeignKey(
@@ -144,6 +145,13 @@ class InstanceGroup(models.Model):
     )
     policy = models.CharField(max_length=16, choices=Policy.choices, default=Policy.FAIRSHARE)
     preemption = models.BooleanField(default=True)
+    # Instance groups whose resource groups share hosts divide those hosts' slots in proportion
+    # to this weight among the groups that have work; a group may borrow what the others leave
+    # idle and gets it back on demand (scheduler.groups).
+    share_weight = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(10000)],
+        help_text="This group's weight when instance groups share hosts (1: an equal share).",
+    )
     reclaim_grace_s = models.PositiveIntegerField(
         default=120,
         validators=[MaxValueValidator(86400)],

@@ -19,15 +19,16 @@ input or on set/dict iteration order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 from jobs import priority as priority_bounds
 
+from . import goodput
 from .placement import place
 
-POLICIES = ("fairshare", "priority", "fifo")
+POLICIES = ("fairshare", "priority", "fifo", "goodput")
 
 JobId = int | str
 HostId = str
@@ -46,6 +47,11 @@ class JobDemand:
     # Admitted before. Only used to report a running job sent back to 0 slots as
     # preempted; what the job holds (and keeps without preemption) comes from `placement`.
     running: bool = False
+    # Samples per second at n slots (``scheduler.throughput``), for the ``goodput`` policy;
+    # None: nothing measured yet, assumed to scale linearly.
+    rate: Callable[[int], float] | None = field(default=None, compare=False, repr=False)
+    # Samples left to train (from its progress), for the ``goodput`` policy; None: unknown.
+    remaining: float | None = None
 
     def __post_init__(self) -> None:
         if not priority_bounds.MIN <= self.priority <= priority_bounds.MAX:
@@ -74,6 +80,10 @@ class Decision:
     placements: dict[JobId, dict[HostId, int]]
     pending: tuple[JobId, ...]
     preempted: tuple[JobId, ...]
+    # Why a job got the count it got, in the user's words, where the policy itself knows
+    # better than a comparison of before and after could tell (the throughput-aware policy's
+    # marginal gains). Jobs without an entry are explained by ``scheduler.reasons``.
+    reasons: dict[JobId, str] = field(default_factory=dict)
 
     @property
     def admitted(self) -> tuple[JobId, ...]:
@@ -125,8 +135,11 @@ def allocate(
     current = _current_placements(hosts, ordered)
     held = [sum(c.values()) for c in current]
     targets = _targets(ordered, held, sum(hosts.values()), policy, preemption)
+    reasons: dict[JobId, str] = {}
+    if policy == "goodput":
+        targets, reasons = _goodput(ordered, held, targets, sum(hosts.values()), preemption)
     placements = place(sorted(hosts, key=id_key), hosts, current, targets)
-    return _decision(ordered, held, targets, placements)
+    return _decision(ordered, held, targets, placements, reasons)
 
 
 def _check_inputs(hosts: Mapping[HostId, int], policy: str) -> None:
@@ -148,7 +161,7 @@ def _targets(
         # A running job keeps what it holds (never more than its max).
         floors = [min(h, j.max_workers) for h, j in zip(held, ordered, strict=True)]
         free = total - sum(floors)
-    if policy != "fairshare":
+    if policy in ("priority", "fifo"):
         return _greedy(ordered, floors, free)
     # Admission: every admitted job holds >= 1 slot, so at most `free` jobs without
     # a floor are admitted, highest priority and earliest first; the rest pend.
@@ -164,6 +177,7 @@ def _decision(
     held: list[int],
     targets: list[int],
     placements: list[dict[HostId, int]],
+    reasons: dict[JobId, str],
 ) -> Decision:
     pending = tuple(j.job_id for j, t in zip(ordered, targets, strict=True) if t == 0)
     preempted = tuple(
@@ -176,6 +190,7 @@ def _decision(
         placements={j.job_id: p for j, p in zip(ordered, placements, strict=True)},
         pending=pending,
         preempted=preempted,
+        reasons=reasons,
     )
 
 
@@ -207,6 +222,58 @@ def _current_placements(
             if not over[h]:
                 del over[h]
     return current
+
+
+def _goodput(
+    ordered: Sequence[JobDemand], held: list[int], fair: list[int], total: int, preemption: bool
+) -> tuple[list[int], dict[JobId, str]]:
+    """goodput: re-divide the fair share's slots where they add the most throughput, within
+    its bounds (``scheduler.goodput``). ``fair`` is fair share's decision for the same jobs."""
+    caps = [j.max_workers for j in ordered]
+    rates = [j.rate or goodput.linear for j in ordered]
+    lower = goodput.bounds(fair, caps, rates)
+    if not preemption:
+        # A running job keeps what it holds, as under every policy without preemption.
+        lower = [max(lo, min(h, cap)) if share else 0
+                 for lo, h, cap, share in zip(lower, held, caps, fair, strict=True)]
+    weights = goodput.weights([j.priority for j in ordered], rates,
+                              [j.remaining for j in ordered], fair)
+    best = goodput.divide(weights, rates, lower, caps, total)
+    if goodput.keep_current(weights, rates, held, best, lower, caps, total):
+        best = list(held)
+    return best, _goodput_reasons(ordered, rates, fair, best)
+
+
+def _goodput_reasons(
+    ordered: Sequence[JobDemand], rates: list, fair: list[int], counts: list[int]
+) -> dict[JobId, str]:
+    """Why a job got more or fewer slots than fair share gives it: what one more slot would
+    add to it, and what the job that got the most beyond its fair share gains from its last."""
+    above = [i for i, (f, n) in enumerate(zip(fair, counts, strict=True)) if n > f]
+    below = [i for i, (f, n) in enumerate(zip(fair, counts, strict=True)) if 0 < n < f]
+    reasons: dict[JobId, str] = {}
+    for i in below:
+        more = goodput.marginal_percent(rates[i], counts[i] + 1)
+        effect = (f"would slow this job down by {-more:.0f}%" if more < 0
+                  else f"would add only {more:.0f}% to this job's throughput")
+        text = f"throughput-aware share: a {_ordinal(counts[i] + 1)} slot {effect}"
+        if above:
+            j = max(above, key=lambda k: goodput.marginal_percent(rates[k], counts[k]))
+            text += (f"; job #{ordered[j].job_id} gains "
+                     f"{goodput.marginal_percent(rates[j], counts[j]):.0f}% from its "
+                     f"{_ordinal(counts[j])}")
+        reasons[ordered[i].job_id] = text
+    for i in above:
+        reasons[ordered[i].job_id] = (
+            f"throughput-aware share: its {_ordinal(counts[i])} slot adds "
+            f"{goodput.marginal_percent(rates[i], counts[i]):.0f}% to its throughput, more "
+            "than other jobs would gain from it")
+    return reasons
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _greedy(ordered: Sequence[JobDemand], floors: list[int], free: int) -> list[int]:

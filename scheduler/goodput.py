@@ -1,0 +1,162 @@
+"""The throughput-aware fair share (policy ``goodput``): slots go where they add the most.
+
+Fair share gives every job slots in proportion to its priority, whether or not it trains any
+faster with them. This policy divides the same slots to maximise
+
+    sum over jobs of  priority_j * log(throughput_j(slots_j))
+
+(proportional fairness on throughput). Under a log, doubling any job's throughput is worth
+the same, so if every job scaled linearly the best division would be exactly fair share's:
+slots in proportion to priority. A job whose throughput barely grows with another slot (it
+is bound by synchronisation, or its batch is too small to split) gains little from it, and the
+slot goes to a job that gains more. Throughput comes from each job's ``rate(n)``
+(``scheduler.throughput``, learned from its step reports); without one a job is assumed to
+scale linearly.
+
+Jobs nearer their end weigh more (``URGENCY``, when the job's remaining work is known): a slot
+that brings a completion forward helps the mean completion time more than one that speeds up
+a job with days left, and the bounds below keep the long jobs going.
+
+Bounds, so that no one starves:
+
+- every admitted job keeps at least half its fair share, rounded up, and at least 1 slot
+  (fewer only if fewer make that job faster: its throughput falls with more slots);
+- no job gets more than its max workers, and slots are never over-committed;
+- admission (who runs at all) is fair share's: by priority, then submission.
+
+Hysteresis: the current allocation is kept while it is within its bounds and the best one
+would improve the objective by less than ``HYSTERESIS`` (per unit of priority of the jobs),
+so a small change in a measurement does not move slots back and forth.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+
+Rate = Callable[[int], float]
+
+# Keep the current allocation unless the best one is this much better: 1% more throughput,
+# averaged (geometrically, by priority) over the group's jobs.
+HYSTERESIS = 0.01
+
+
+def linear(n: int) -> float:
+    """The rate of a job that nothing is known about: it scales linearly."""
+    return float(n)
+
+
+# How much a job's nearness to its end weighs: each job's weight is multiplied by
+# (median time left / its time left) ** URGENCY, its time left being the samples it has left
+# at its fair share's throughput. 0: throughput alone; 1: strongly shortest-first. Half-way
+# brings completions forward without starving long jobs (they keep their lower bound); on the
+# Pollux workloads 0.5 did best of 0, 0.35, 0.5, 0.65, 1 and 2 (docs/scheduling.md).
+URGENCY = 0.5
+
+
+def weights(
+    priorities: Sequence[int],
+    rates: Sequence[Rate],
+    remaining: Sequence[float | None],
+    fair: Sequence[int],
+) -> list[float]:
+    """Each job's weight in the objective: its priority (relative to the mean) and, when its
+    remaining work is known, how near its end is (``URGENCY``)."""
+    mean = sum(priorities) / max(len(priorities), 1)
+    out = [p / mean for p in priorities]
+    times = [left / rate(max(share, 1)) if left else None
+             for left, rate, share in zip(remaining, rates, fair, strict=True)]
+    known = sorted(t for t in times if t)
+    if not known or not URGENCY:
+        return out
+    median = known[len(known) // 2]
+    return [w * (median / t) ** URGENCY if t else w for w, t in zip(out, times, strict=True)]
+
+
+# Every admitted job keeps at least this fraction of its fair share (rounded up).
+FLOOR = 0.5
+
+
+def bounds(fair: Sequence[int], caps: Sequence[int], rates: Sequence[Rate]) -> list[int]:
+    """Each job's lower bound: ``FLOOR`` of its fair share rounded up, at least 1 if admitted;
+    fewer only where fewer make the job itself faster (a job bound by synchronisation is
+    never forced onto slots that slow it down)."""
+    out = []
+    for share, cap, rate in zip(fair, caps, rates, strict=True):
+        if not share:
+            out.append(0)
+            continue
+        n = min(cap, max(1, math.ceil(FLOOR * share - 1e-9)))
+        # The fastest size up to the bound, the largest of equals.
+        out.append(max(range(1, n + 1), key=lambda k: (rate(k), k)))
+    return out
+
+
+def _log_rate(rate: Rate, n: int) -> float:
+    return math.log(max(rate(n), 1e-300)) if n > 0 else 0.0
+
+
+def utility(weights: Sequence[float], rates: Sequence[Rate], counts: Sequence[int]) -> float:
+    """The objective: sum of weight * log(throughput) over the admitted jobs."""
+    return sum(w * _log_rate(r, n) for w, r, n in zip(weights, rates, counts, strict=True)
+               if n > 0)
+
+
+def divide(
+    weights: Sequence[float],
+    rates: Sequence[Rate],
+    lower: Sequence[int],
+    caps: Sequence[int],
+    total: int,
+) -> list[int]:
+    """Start every job at its lower bound, then hand out the free slots one at a time to the
+    job whose weighted log-throughput grows most (ties: the earlier job in policy order). A
+    slot that would slow every job down is left idle."""
+    counts = list(lower)
+    free = total - sum(counts)
+    heap = []
+    for i, n in enumerate(counts):
+        if 0 < n < caps[i]:
+            heap.append((-_gain(weights[i], rates[i], n), i))
+    heapq.heapify(heap)
+    while free > 0 and heap:
+        gain, i = heapq.heappop(heap)
+        if gain >= 0:
+            break
+        counts[i] += 1
+        free -= 1
+        if counts[i] < caps[i]:
+            heapq.heappush(heap, (-_gain(weights[i], rates[i], counts[i]), i))
+    return counts
+
+
+def _gain(weight: float, rate: Rate, n: int) -> float:
+    return weight * (_log_rate(rate, n + 1) - _log_rate(rate, n))
+
+
+def keep_current(
+    weights: Sequence[float],
+    rates: Sequence[Rate],
+    held: Sequence[int],
+    best: Sequence[int],
+    lower: Sequence[int],
+    caps: Sequence[int],
+    total: int,
+) -> bool:
+    """True if the jobs should keep what they hold: it is within every bound and the best
+    division is not ``HYSTERESIS`` better."""
+    if sum(held) > total:
+        return False
+    for n, lo, cap, b in zip(held, lower, caps, best, strict=True):
+        if (b == 0) != (n == 0) or (b and not lo <= n <= cap):
+            return False
+    gain = utility(weights, rates, best) - utility(weights, rates, held)
+    return gain < HYSTERESIS * sum(w for w, b in zip(weights, best, strict=True) if b)
+
+
+def marginal_percent(rate: Rate, n: int) -> float:
+    """How much the ``n``-th slot adds to a job's throughput, in percent of ``n - 1`` slots."""
+    if n <= 1:
+        return math.inf
+    return 100.0 * (rate(n) / max(rate(n - 1), 1e-300) - 1.0)

@@ -1,0 +1,272 @@
+"""Replay a workload against the real policy (``scheduler.policy.allocate``), in simulated time.
+
+Between two decisions every job trains at a constant speed, so the simulator jumps from event
+to event (an arrival, a completion, the scheduler's timer) instead of ticking:
+
+- On each event the scheduler decides, as the product's does: ``allocate()`` with the jobs
+  that have arrived and not finished, each with the slots it holds (``placement``), its max
+  workers and, for ``goodput``, a throughput model fitted to what it has measured so far.
+- A job whose slot count changes pauses for the rescale's cost (``Costs``: grow, shrink, first
+  start), then trains at the speed of its new shape, ``AppTrace.step_time(n, hosts, batch)``.
+- A job measures its speed at each shape it trains at (an ``Observation``, as its step reports
+  do in the product) once it has trained there for ``MEASURE_S``.
+- It finishes when it has made its ``steps_to_target(batch)`` steps.
+
+The ``fixed`` baseline is what a cluster without elasticity does: first come, first served,
+each job waits until its ``num_replicas`` slots are free and keeps exactly those to the end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scheduler.placement import place
+from scheduler.policy import JobDemand, allocate
+from scheduler.throughput import Observation, fit
+
+from .traces import AppTrace
+
+# A job's step reports give its speed within seconds; the scheduler learns it after this long.
+MEASURE_S = 10.0
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds a job does not train when its size changes. Defaults: ``bench/elastic_e2e.py``
+    on 2 hosts x 2 CPU slots (bench/results/2026-11-24-elastic-e2e.md, p95): a grow 0.503 s,
+    a shrink 0.163 s, a new job from the decision to training 1.907 s."""
+
+    grow_s: float = 0.503
+    shrink_s: float = 0.163
+    start_s: float = 1.907
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One job of a workload: when it arrives, what it trains and what its user asked for."""
+
+    name: str
+    arrival: float
+    app: str
+    num_replicas: int
+    batch: int
+    max_workers: int
+    priority: int = 5000
+    group: str = "default"
+
+
+@dataclass
+class _Running:
+    job: SimJob
+    app: AppTrace
+    index: int
+    steps_left: float
+    placement: dict[str, int] = field(default_factory=dict)
+    paused_until: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+    # When the job started training at its current shape (after the rescale pause).
+    shape_since: float = 0.0
+    seen: dict[tuple[int, int], float] = field(default_factory=dict)
+    rescales: int = 0
+
+    @property
+    def n(self) -> int:
+        return sum(self.placement.values())
+
+    @property
+    def hosts(self) -> int:
+        return sum(1 for c in self.placement.values() if c)
+
+    def speed(self) -> float:
+        """Steps per second at the current shape (0 with no slot)."""
+        if not self.n:
+            return 0.0
+        return 1.0 / self.app.step_time(self.n, self.hosts, self.job.batch)
+
+
+@dataclass
+class Result:
+    """One job's outcome."""
+
+    job: SimJob
+    jct: float
+    rescales: int
+    # Time-averaged number of jobs in the cluster while it was (for finish-time fairness).
+    contention: float
+
+
+@dataclass
+class Run:
+    """A policy's run of one workload."""
+
+    policy: str
+    results: list[Result]
+    makespan: float
+    utilisation: float
+    decisions: int
+    decision_s: float
+
+
+class Simulator:
+    """One policy on one cluster over one workload."""
+
+    def __init__(self, hosts: dict[str, int], apps: dict[str, AppTrace], policy: str,
+                 costs: Costs = Costs(), interval_s: float = 60.0) -> None:
+        self.hosts = hosts
+        self.apps = apps
+        self.policy = policy
+        self.costs = costs
+        self.interval_s = interval_s
+        self.slots_per_host = max(hosts.values())
+        self.total = sum(hosts.values())
+
+    def run(self, jobs: Sequence[SimJob]) -> Run:
+        state = _State(sorted(jobs, key=lambda j: (j.arrival, j.name)))
+        now = 0.0
+        while state.pending_arrivals or state.active:
+            now = self._advance(state, now)
+            self._decide(state, now)
+        makespan = max((r.finished or 0.0) for r in state.done) if state.done else 0.0
+        busy = state.slot_seconds / (self.total * makespan) if makespan else 0.0
+        return Run(self.policy, [self._result(r, state) for r in state.done], makespan, busy,
+                   state.decisions, state.decision_s)
+
+    # -- time --------------------------------------------------------------------------------
+
+    def _advance(self, state: _State, now: float) -> float:
+        """Move to the next event: arrival, completion or timer; train everyone until then."""
+        nxt = now + self.interval_s if state.active else math.inf
+        if state.pending_arrivals:
+            nxt = min(nxt, state.pending_arrivals[0].arrival)
+        for r in state.active:
+            nxt = min(nxt, self._finish_time(r, now))
+        nxt = max(nxt, now)
+        for r in list(state.active):
+            self._train(r, now, nxt, state)
+        while state.pending_arrivals and state.pending_arrivals[0].arrival <= nxt + EPS:
+            job = state.pending_arrivals.pop(0)
+            state.active.append(_Running(job, self.apps[job.app], state.next_index(),
+                                         self.apps[job.app].steps_to_target(job.batch)))
+        state.timeline.append((nxt, len(state.active)))
+        return nxt
+
+    def _finish_time(self, r: _Running, now: float) -> float:
+        speed = r.speed()
+        if not speed:
+            return math.inf
+        return max(now, r.paused_until) + r.steps_left / speed
+
+    def _train(self, r: _Running, start: float, end: float, state: _State) -> None:
+        state.slot_seconds += r.n * (end - start)
+        begin = max(start, r.paused_until)
+        if end <= begin or not r.n:
+            return
+        r.steps_left -= (end - begin) * r.speed()
+        shape = (r.n, r.hosts)
+        if shape not in r.seen and end - r.shape_since >= MEASURE_S:
+            r.seen[shape] = r.job.batch * r.speed()
+        if r.steps_left <= EPS * max(1.0, r.app.steps_to_target(r.job.batch)):
+            r.finished = end
+            state.active.remove(r)
+            state.done.append(r)
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def _decide(self, state: _State, now: float) -> None:
+        if not state.active:
+            return
+        started = time.perf_counter()
+        if self.policy == "fixed":
+            targets = self._fixed(state)
+        else:
+            decision = allocate(self.hosts, [self._demand(r) for r in state.active],
+                                self.policy)
+            targets = {r.index: decision.placements[r.index] for r in state.active}
+        state.decision_s += time.perf_counter() - started
+        state.decisions += 1
+        for r in state.active:
+            self._apply(r, targets.get(r.index, r.placement), now)
+
+    def _demand(self, r: _Running) -> JobDemand:
+        rate = None
+        if self.policy == "goodput":
+            observed = [Observation(n, k, v) for (n, k), v in sorted(r.seen.items())]
+            rate = fit(observed, self.slots_per_host)
+        return JobDemand(job_id=r.index, priority=r.job.priority, max_workers=r.job.max_workers,
+                         submitted=r.job.arrival, placement=dict(r.placement),
+                         running=r.started is not None, rate=rate,
+                         remaining=r.steps_left * r.job.batch if rate else None)
+
+    def _fixed(self, state: _State) -> dict[int, dict[str, int]]:
+        """First come, first served; a job starts once its ``num_replicas`` are free."""
+        free = dict(self.hosts)
+        for r in state.active:
+            for h, c in r.placement.items():
+                free[h] -= c
+        targets: dict[int, dict[str, int]] = {}
+        for r in sorted(state.active, key=lambda r: (r.job.arrival, r.index)):
+            if r.n:
+                continue
+            need = min(r.job.num_replicas, self.total)
+            if need > sum(free.values()):
+                break  # strict FIFO: no one overtakes the head of the queue
+            [placement] = place(sorted(free), free, [{}], [need])
+            for h, c in placement.items():
+                free[h] -= c
+            targets[r.index] = placement
+        return targets
+
+    def _apply(self, r: _Running, placement: dict[str, int], now: float) -> None:
+        placement = {h: c for h, c in placement.items() if c}
+        if placement == r.placement:
+            return
+        old, new = r.n, sum(placement.values())
+        r.placement = placement
+        if not new:
+            return
+        if r.started is None:
+            r.started = now
+            cost = self.costs.start_s
+        else:
+            r.rescales += 1
+            cost = self.costs.grow_s if new > old else self.costs.shrink_s
+        r.paused_until = max(r.paused_until, now) + cost
+        r.shape_since = r.paused_until
+
+    def _result(self, r: _Running, state: _State) -> Result:
+        assert r.finished is not None
+        return Result(r.job, r.finished - r.job.arrival, r.rescales,
+                      state.contention(r.job.arrival, r.finished))
+
+
+class _State:
+    def __init__(self, arrivals: list[SimJob]) -> None:
+        self.pending_arrivals = arrivals
+        self.active: list[_Running] = []
+        self.done: list[_Running] = []
+        self.slot_seconds = 0.0
+        self.decisions = 0
+        self.decision_s = 0.0
+        # (time, jobs in the cluster from then on)
+        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        self._index = 0
+
+    def next_index(self) -> int:
+        self._index += 1
+        return self._index
+
+    def contention(self, start: float, end: float) -> float:
+        """Time-averaged number of jobs in the cluster over [start, end]."""
+        total = 0.0
+        points = self.timeline + [(math.inf, 0)]
+        for (t0, count), (t1, _) in zip(points, points[1:], strict=False):
+            lo, hi = max(t0, start), min(t1, end)
+            if hi > lo:
+                total += count * (hi - lo)
+        return max(total / max(end - start, EPS), 1.0)
+

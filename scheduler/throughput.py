@@ -1,0 +1,98 @@
+"""How fast a job trains at each size, learned from what it has measured (pure, no Django).
+
+Our runtime keeps a job's global batch constant, so ``n`` workers each compute ``B / n``
+samples per step and then synchronise. The time per sample is modelled, as Pollux does for its
+step time, as compute that divides among the workers plus synchronisation that does not:
+
+    tau(n, k) = a + b / n + [n > 1] * (c + d * (n - 2)) + e * (k - 1)
+
+``a``: work every worker repeats (data loading, the optimizer step); ``b / n``: the forward and
+backward pass, split; ``c``, ``d``: the all-reduce, which costs more with more workers; ``e``:
+each extra host (network instead of shared memory). Throughput is ``1 / tau``.
+
+The five non-negative parameters are fitted to the sizes a job has run at (``Observation``),
+by least squares on relative error, pulled gently toward a prior so that a size never seen
+gets a sensible guess: the prior assumes the job scales almost linearly, with a small cost per
+worker and per host, so a job that has only run on one slot is first given more (optimism),
+and once it has measured a poor speedup at that size it stops getting them. Where only one
+size is known the prior decides the shape; each new size measured replaces the guess there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy.optimize import nnls
+
+# Prior parameters, per sample, in units of the time per sample on one worker.
+PRIOR = (0.0, 1.0, 0.03, 0.002, 0.02)
+# How strongly the prior holds against the observations (each weighs 1, as relative error).
+PRIOR_WEIGHT = 0.05
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A job measured ``samples_per_s`` on ``workers`` workers over ``hosts`` hosts."""
+
+    workers: int
+    hosts: int
+    samples_per_s: float
+
+
+def _features(n: int, k: int) -> list[float]:
+    multi = 1.0 if n > 1 else 0.0
+    return [1.0, 1.0 / n, multi, multi * (n - 2), float(k - 1)]
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    """A fitted ``tau(n, k)``; ``rate(n, k)`` is samples per second at that size."""
+
+    params: tuple[float, float, float, float, float]
+    # Slots per host, to guess the hosts ``rate(n)`` is spread over (the placement packs).
+    slots_per_host: int = 1
+
+    def seconds_per_sample(self, n: int, k: int | None = None) -> float:
+        if k is None:
+            k = -(-n // max(self.slots_per_host, 1))
+        return float(np.dot(self.params, _features(n, k)))
+
+    def rate(self, n: int, k: int | None = None) -> float:
+        """Samples per second on ``n`` workers (``k`` hosts; packed if not given)."""
+        return 1.0 / max(self.seconds_per_sample(n, k), 1e-12)
+
+    def __call__(self, n: int) -> float:
+        return self.rate(n)
+
+
+def fit(observations: Sequence[Observation], slots_per_host: int = 1) -> ThroughputModel:
+    """Fit the model to a job's measurements; the prior alone if there are none."""
+    return _fit(tuple(sorted(observations, key=lambda o: (o.workers, o.hosts))),
+                max(slots_per_host, 1))
+
+
+@lru_cache(maxsize=4096)
+def _fit(observations: tuple[Observation, ...], slots_per_host: int) -> ThroughputModel:
+    seen = [o for o in observations if o.samples_per_s > 0]
+    if not seen:
+        return ThroughputModel(PRIOR, slots_per_host)
+    # The unit: the time per sample one worker would take if the first size seen scaled
+    # perfectly. The prior is written in that unit; the fit is scaled back at the end.
+    unit = min(o.workers / o.samples_per_s for o in seen)
+    rows, targets = [], []
+    for o in seen:
+        tau = 1.0 / o.samples_per_s / unit
+        # Relative error: each row divided by the value it should match.
+        rows.append([f / tau for f in _features(o.workers, o.hosts)])
+        targets.append(1.0)
+    weight = PRIOR_WEIGHT ** 0.5
+    for i, p in enumerate(PRIOR):
+        row = [0.0] * len(PRIOR)
+        row[i] = weight
+        rows.append(row)
+        targets.append(weight * p)
+    params, _ = nnls(np.array(rows), np.array(targets))
+    return ThroughputModel(tuple(float(p) * unit for p in params), slots_per_host)

@@ -1,0 +1,23 @@
+"""bench/cluster.py on one of the paper's workloads: its tables, its comparison with the
+paper's figures and its last line, in seconds (the whole run is the bench's, not CI's)."""
+
+from __future__ import annotations
+
+import json
+
+from bench import cluster
+
+
+def test_it_compares_the_policies_on_a_workload_and_ends_with_its_json(capsys):
+    out = cluster.main(["--workloads", "workload-3", "--policies", "fixed,fairshare,goodput",
+                        "--scale", "300x30", "--skip-real", "--workers", "1"])
+    printed = capsys.readouterr().out
+    assert "paper pollux" in printed and "workload-3" in printed
+    last = json.loads(printed.strip().splitlines()[-1])
+    assert last == out
+    for policy in ("fixed", "fairshare", "goodput"):
+        assert last[f"jct_mean_{policy}_s"] > 0
+    assert 0 < last["goodput_vs_fairshare"] < 1.5
+    assert 0 < last["goodput_vs_fixed"] < 1.5
+    assert last["decision_ms_10000x1000"] > 0
+    assert last["sim_vs_real_max_err"] is None  # --skip-real
