@@ -11,9 +11,11 @@ the types starting with ``slot.`` (``slot.granted``, ``slot.reclaim_requested``,
 ``slot.released``, from the scheduler and the host agents) or ``allocation.`` (the same changes
 under a second set of names, ``allocation.grant``, ``allocation.reclaim`` ..., which the console
 understands as well), plus ``job.target``, with ``host``, ``slot`` and a ``message`` where they
-have one. For these, and for ``job.*`` events, the browsers also get the job's slot count
-(``slots``) and the instance group's totals (``cluster``), read from the database when the event
-is ingested, so a page that missed an event is right again at the next one.
+have one. The scheduler's carry ``reason``: why, in the job owner's words (``scheduler.reasons``),
+also on ``job.preempted`` and on ``job.waiting`` (a waiting job's reason, when it changes).
+For these, and for ``job.*`` events, the browsers also get the job's slot count (``slots``) and
+the instance group's totals (``cluster``), read from the database when the event is ingested, so
+a page that missed an event is right again at the next one.
 
 The modules, in the order an event goes through them:
 

@@ -85,10 +85,15 @@ def jobs_start(jobs: list[TrainingJob], *, now: datetime, source: str) -> None:
                 publish("job.state", job.pk, source, message="Running", state=states.RUNNING)
 
 
-def job_preempt(job: TrainingJob, *, source: str) -> None:
-    """A running job lost its last slot and waits for one again (RUNNING -> PENDING)."""
-    _move(job, states.PENDING, source=source, message="Preempted: waiting for slots",
-          event="job.preempted")
+def job_preempt(job: TrainingJob, *, source: str, reason: str = "") -> None:
+    """A running job lost its last slot and waits for one again (RUNNING -> PENDING);
+    ``reason`` says why, in its owner's words (``scheduler.reasons``)."""
+    if reason:
+        _move(job, states.PENDING, source=source, message=reason[:1].upper() + reason[1:],
+              event="job.preempted", reason=reason)
+    else:
+        _move(job, states.PENDING, source=source, message="Preempted: waiting for slots",
+              event="job.preempted")
 
 
 def job_recover(job: TrainingJob, *, source: str, message: str, restarts: int) -> None:

@@ -29,7 +29,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -49,6 +49,7 @@ from jobs.lifecycle import (
 )
 from jobs.models import RELEASE_FORCED, RELEASE_JOB_ENDED, SlotAllocation, TrainingJob
 from resources.models import GPU, Host, InstanceGroup
+from scheduler import measured, reasons
 from scheduler.placement import diff
 from scheduler.policy import Decision, JobDemand, allocate
 
@@ -91,6 +92,8 @@ class CycleReport:
     groups: int = 0
     duration_ms: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # The names of the hosts found lost this cycle (the reason of the changes they cause).
+    lost_hosts: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -111,11 +114,13 @@ def publish_event(job: TrainingJob, type: str, message: str = "", **data: object
     publish(type, job.pk, "scheduler", message=message, **data)
 
 
-def publish_slot_event(job: TrainingJob, alloc: SlotAllocation, type: str, message: str) -> None:
-    """Announce a change to one slot of a job (granted, reclaim requested)."""
+def publish_slot_event(job: TrainingJob, alloc: SlotAllocation, type: str, message: str,
+                       reason: str = "") -> None:
+    """Announce a change to one slot of a job (granted, reclaim requested), with the reason of
+    the decision that made it (``scheduler.reasons``)."""
     publish_event(
         job, type, message, host=alloc.host.name, slot=alloc.slot, allocation=alloc.pk,
-        worker_id=alloc.worker_id,
+        worker_id=alloc.worker_id, reason=reason,
     )
 
 
@@ -150,7 +155,7 @@ def release(alloc: SlotAllocation, now: datetime, reason: str, executor: Executo
 JOB_FIELDS = (
     "id", "instance_group_id", "state", "priority", "max_workers", "created", "target_workers",
     "attempt", "heartbeat", "stop_requested_at", "restarts", "max_restarts", "error", "started",
-    "finished",
+    "finished", "epoch", "epochs",
 )
 
 
@@ -179,6 +184,13 @@ class GroupState:
     # Slot numbers that an active allocation holds, per member host, whichever job it belongs
     # to. Read by ``read_occupied`` just before planning, after the phases that release slots.
     occupied: dict[int, set[int]] = field(default_factory=dict)
+    # Why the slots this group may use changed since its last decision, when instance groups
+    # share hosts (set by the inter-group share, ``scheduler.groups``); "" if they did not.
+    share_note: str = ""
+    # The slots each member host offers in all, when ``slots`` is only this group's share of
+    # them (hosts shared with other instance groups): slot numbers run up to these. Empty when
+    # the group has its hosts to itself.
+    host_slots: dict[int, int] = field(default_factory=dict)
 
 
 def read_group(group: InstanceGroup) -> GroupState:
@@ -225,11 +237,19 @@ class JobChange:
     reclaims: list[SlotAllocation]
     # New slots as (host id, slot number), only ones no active allocation holds.
     grants: list[tuple[int, int]]
+    # Why, in the user's words (``scheduler.reasons``): set for a new target or a job left
+    # waiting; ``said`` is what the job's events carry, also when only its slots move.
+    reason: reasons.Reason | None = None
+    said: str = ""
+    # The reason last recorded for the job, to announce a waiting job's only when it changes.
+    said_before: str = ""
 
 
-def plan(state: GroupState, live: list[TrainingJob]) -> list[JobChange]:
+def plan(state: GroupState, live: list[TrainingJob],
+         situation: reasons.Situation | None = None) -> list[JobChange]:
     """Decide with the pure policy, then turn each job's old and new placement into a change,
-    one per job of ``live``, in order."""
+    one per job of ``live``, in order, each with its reason. ``situation`` is what changed in
+    the group since its last decision (``GroupCycle.situation``); None knows nothing of it."""
     group = state.group
     decision = allocate(
         {str(h): n for h, n in state.slots.items()},
@@ -239,18 +259,62 @@ def plan(state: GroupState, live: list[TrainingJob]) -> list[JobChange]:
     )
     # Slots granted to one job are taken for the jobs after it.
     taken = defaultdict(set, {h: set(s) for h, s in state.occupied.items()})
-    return [job_change(job, decision, state, taken) for job in live]
+    changes = [job_change(job, decision, state, taken) for job in live]
+    if situation is None:
+        situation = reasons.Situation(group.policy, sum(state.slots.values()), group.preemption)
+    explain_changes(changes, decision, situation)
+    return changes
+
+
+def explain_changes(changes: list[JobChange], decision: Decision,
+                    situation: reasons.Situation) -> None:
+    """Give each change its reason, from the decision and what changed since the last one."""
+    situation = replace(situation, given=decision.reasons)
+    memory = situation.memory
+    remembered = memory.jobs if memory is not None else {}
+    facts = [job_facts(change, remembered.get(change.job.pk), memory is None)
+             for change in changes]
+    said = reasons.explain(facts, situation)
+    for change in changes:
+        before = remembered.get(change.job.pk)
+        change.said_before = before.said if before is not None else ""
+        change.reason = said.get(change.job.pk)
+        change.said = change.reason.text if change.reason is not None else reasons.settling(
+            change.target, change.said_before, situation.hosts_lost)
+
+
+def job_facts(change: JobChange, before: reasons.JobMemory | None,
+              no_memory: bool) -> reasons.JobFacts:
+    """One job as ``scheduler.reasons`` sees it. Without a memory of the last decision (a new
+    scheduler), a job is new to the decisions if it never ran and holds no target."""
+    job = change.job
+    if no_memory:
+        arrived = job.target_workers == 0 and job.state == states.PENDING and job.attempt == 0
+    else:
+        arrived = before is None
+    changed = before is not None
+    return reasons.JobFacts(
+        job_id=job.pk, old=job.target_workers, new=change.target, priority=job.priority,
+        max_workers=job.max_workers, submitted=job.created.timestamp(), arrived=arrived,
+        old_priority=before.priority if changed and before.priority != job.priority else None,
+        old_max_workers=(before.max_workers
+                         if changed and before.max_workers != job.max_workers else None),
+    )
 
 
 def demands(state: GroupState, live: list[TrainingJob]) -> list[JobDemand]:
     """Each job as the policy sees it. A slot being reclaimed counts as already gone, and one on
     a host that is no UP member of the group does not count."""
     out = []
+    # The throughput-aware policy also weighs what each job has measured and has left.
+    learned = (measured.models(live, timezone.now(), max(state.slots.values(), default=1))
+               if state.group.policy == InstanceGroup.Policy.GOODPUT else {})
     for job in live:
         placement: dict[str, int] = defaultdict(int)
         for alloc in state.by_job.get(job.pk, []):
             if alloc.reclaim_requested_at is None and alloc.host_id in state.slots:
                 placement[str(alloc.host_id)] += 1
+        known = learned.get(job.pk)
         out.append(
             JobDemand(
                 job_id=job.pk,
@@ -259,6 +323,9 @@ def demands(state: GroupState, live: list[TrainingJob]) -> list[JobDemand]:
                 submitted=job.created.timestamp(),
                 placement=dict(placement),
                 running=job.state in DRIVEN,
+                rate=known and known.rate,
+                remaining=known and known.remaining,
+                history=known and known.history,
             )
         )
     return out
@@ -283,7 +350,8 @@ def job_change(
     # Grants land only on slots no active allocation holds; the rest wait for a release.
     grants: list[tuple[int, int]] = []
     for host_id, missing in change.grants.items():
-        free = [s for s in range(state.slots[host_id]) if s not in taken[host_id]]
+        numbers = range(state.host_slots.get(host_id, state.slots[host_id]))
+        free = [s for s in numbers if s not in taken[host_id]]
         for slot in free[:missing]:
             taken[host_id].add(slot)
             grants.append((host_id, slot))
@@ -308,6 +376,9 @@ class GroupCycle:
     stop_resend_s: float
     # When a stop was last sent to each job's driver; the service keeps it from cycle to cycle.
     stop_sent: dict[int, float]
+    # What each group's last decision was, by group id, to explain the next one (the service
+    # keeps it from cycle to cycle; a new scheduler starts without).
+    memory: dict[int, reasons.GroupMemory] = field(default_factory=dict)
 
     @property
     def grace(self) -> timedelta:
@@ -471,6 +542,43 @@ class GroupCycle:
         after_commit(lambda j=job, h=host, n=job.attempt: self.executor.start_driver(j, h, n))
         return True
 
+    # -- reasons -------------------------------------------------------------------------------
+
+    def situation(self, state: GroupState, live: list[TrainingJob]) -> reasons.Situation:
+        """What changed in the group since its last decision: the jobs that left it, the hosts
+        lost or added, the slots it may use. Called just before ``plan``."""
+        memory = self.memory.get(self.group.pk)
+        hosts = {state.hosts[h].name for h in state.slots}
+        if memory is not None:
+            lost, added = sorted(memory.hosts - hosts), sorted(hosts - memory.hosts)
+        else:
+            # A new scheduler knows only the hosts it found lost itself, in this group.
+            lost, added = self.lost_members(), []
+        return reasons.Situation(
+            policy=self.group.policy, total=sum(state.slots.values()),
+            preemption=self.group.preemption, memory=memory, left=departures(state, live, memory),
+            hosts_lost=lost, hosts_added=added, share_note=state.share_note,
+        )
+
+    def lost_members(self) -> list[str]:
+        if not self.report.lost_hosts:
+            return []
+        members = self.group.resource_group.member_hosts().filter(name__in=self.report.lost_hosts)
+        return sorted(members.values_list("name", flat=True))
+
+    def remember(self, state: GroupState, changes: list[JobChange]) -> None:
+        """Keep this decision, once committed, to explain the next one."""
+        jobs = {
+            c.job.pk: reasons.JobMemory(priority=c.job.priority, max_workers=c.job.max_workers,
+                                        target=c.target, said=c.said if c.reason else
+                                        c.said_before)
+            for c in changes
+        }
+        memory = reasons.GroupMemory(total=sum(state.slots.values()),
+                                     hosts=frozenset(state.hosts[h].name for h in state.slots),
+                                     jobs=jobs)
+        transaction.on_commit(lambda: self.memory.__setitem__(self.group.pk, memory))
+
     # -- applying a plan -----------------------------------------------------------------------
 
     def apply(
@@ -486,12 +594,14 @@ class GroupCycle:
         for change in changes:
             if self.retarget(change):
                 retargeted.append(change.job)
+            else:
+                self.announce_waiting(change)
             self.request_reclaims(change, decided_at)
             grants += grant_rows(change, state.hosts, gpus, decided_at)
         if retargeted:
             TrainingJob.objects.bulk_update(retargeted, ["target_workers"], batch_size=500)
         if grants:
-            self.write_grants(grants)
+            self.write_grants(grants, {change.job.pk: change.said for change in changes})
         return grants
 
     def retarget(self, change: JobChange) -> bool:
@@ -499,16 +609,27 @@ class GroupCycle:
         job, target = change.job, change.target
         if job.target_workers == target:
             return False
+        why = change.reason
         publish_event(
             job,
             "job.target",
-            f"Target {job.target_workers} -> {target} workers",
+            why.message if why else f"Target {job.target_workers} → {target} workers",
             old=job.target_workers,
             target=target,
             policy=self.group.policy,
+            reason=change.said,
         )
         job.target_workers = target
         return True
+
+    def announce_waiting(self, change: JobChange) -> None:
+        """A job left waiting says why, when that is new: on its first decision, and when the
+        cause changes (a higher-priority job arrived, a host was lost), not on every cycle."""
+        why = change.reason
+        if why is None or why.kind != "pending" or change.said == change.said_before:
+            return
+        publish_event(change.job, "job.waiting", why.message, reason=change.said,
+                      policy=self.group.policy)
 
     def request_reclaims(self, change: JobChange, decided_at: datetime) -> None:
         """Ask the workers on these slots to leave. The slot stays booked until the worker has
@@ -520,21 +641,24 @@ class GroupCycle:
             after_commit(lambda a=alloc: self.executor.reclaim(a))
             publish_slot_event(
                 change.job, alloc, "slot.reclaim_requested",
-                f"Reclaiming {alloc.host.name} slot {alloc.slot}",
+                f"Reclaiming {alloc.host.name} slot {alloc.slot}", change.said,
             )
 
-    def write_grants(self, grants: list[SlotAllocation]) -> None:
+    def write_grants(self, grants: list[SlotAllocation], said: dict[int, str]) -> None:
         """Insert the new allocations in bulk; the unique index ``slot_booked_once`` refuses a
-        slot that another decision booked meanwhile, which rolls the whole group back."""
+        slot that another decision booked meanwhile, which rolls the whole group back. ``said``
+        is the reason of each job's change, by job id, which its grant events carry."""
         created = SlotAllocation.objects.bulk_create(grants, batch_size=500)
         # bulk_create sets primary keys on PostgreSQL and SQLite >= 3.35.
         self.report.grants += len(created)
         for alloc in created:
             after_commit(lambda a=alloc: self.executor.grant(a))
         for alloc in created:
-            publish_slot_event(
-                alloc.job, alloc, "slot.granted", f"Granted {alloc.host.name} slot {alloc.slot}"
-            )
+            # The reason travels in the event's data: the job's timeline says it once, on the
+            # change's ``job.target`` line, not on each of its slots.
+            publish_slot_event(alloc.job, alloc, "slot.granted",
+                               f"Granted {alloc.host.name} slot {alloc.slot}",
+                               said.get(alloc.job_id, ""))
 
     # -- job states ----------------------------------------------------------------------------
 
@@ -570,7 +694,7 @@ class GroupCycle:
             ):
                 holding.add(job.pk)
             elif job.state == states.RUNNING and change.target == 0:
-                job_preempt(job, source="scheduler")
+                job_preempt(job, source="scheduler", reason=change.said)
         return holding
 
     def first_drivers(
@@ -593,6 +717,27 @@ class GroupCycle:
                 continue
             job.attempt, job.heartbeat = 1, self.now
             self.dispatch_driver(job, granted.get(job.pk, []) + by_job.get(job.pk, []))
+
+
+def departures(state: GroupState, live: list[TrainingJob],
+               memory: reasons.GroupMemory | None) -> list[reasons.Departure]:
+    """The jobs that took part in the group's last decision and no longer do: ended, failed,
+    stopped. Without a memory of that decision, those this cycle saw end or stop."""
+    live_ids = {job.pk for job in live}
+    seen = {job.pk: job for job in state.jobs}
+    ids = set(memory.jobs) if memory is not None else set(seen)
+    ids -= live_ids
+    missing = ids - seen.keys()
+    rows = {pk: (job.state, job.stop_requested_at) for pk, job in seen.items()}
+    if missing:
+        rows |= {pk: (st, stop) for pk, st, stop in TrainingJob.objects.filter(
+            pk__in=missing).values_list("pk", "state", "stop_requested_at")}
+    out = []
+    for pk in sorted(ids):
+        job_state, stop = rows.get(pk, ("", None))
+        verb = "was stopped" if stop is not None else reasons.ENDED_VERBS.get(job_state, "ended")
+        out.append(reasons.Departure(pk, verb))
+    return out
 
 
 def grant_rows(

@@ -1,14 +1,15 @@
 """What the ``goodput`` policy knows of each job: its throughput at each size it has run at,
 read from its step reports (``JobMetric`` train rows carry ``samples_per_s`` and ``workers``),
-and the work it has left (its epochs)."""
+the work it has left (its epochs), and the slot-time it has had (its allocations)."""
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from jobs.models import JobMetric, TrainingJob
+from jobs.models import JobMetric, SlotAllocation, TrainingJob
 from scheduler.throughput import Observation, ThroughputModel, fit
 
 # Reports older than this are not used: a job's speed drifts (data, other jobs on the host),
@@ -50,14 +51,38 @@ def remaining_samples(job: TrainingJob, now: datetime, rate: float | None) -> fl
     return max(elapsed * (1 - done) / done, 0.0) * rate
 
 
-def models(jobs: list[TrainingJob], now: datetime, slots_per_host: int
-           ) -> dict[int, tuple[ThroughputModel, float | None]]:
-    """Per job: its fitted throughput model and the samples it has left (or None)."""
-    seen = observations([j.pk for j in jobs], now, slots_per_host)
+@dataclass(frozen=True)
+class Learned:
+    """What the policy is told of one job (``JobDemand``'s ``rate``, ``remaining``,
+    ``history``)."""
+
+    rate: ThroughputModel
+    remaining: float | None
+    history: tuple[float, float]
+
+
+def slot_seconds(job_ids: list[int], now: datetime) -> dict[int, float]:
+    """Slot-seconds each job has held since it was submitted (its allocations' durations)."""
+    held: dict[int, float] = defaultdict(float)
+    for job_id, granted, released in SlotAllocation.objects.filter(
+            job_id__in=job_ids).values_list("job_id", "granted_at", "released_at"):
+        held[job_id] += max(((released or now) - granted).total_seconds(), 0.0)
+    return held
+
+
+def models(jobs: list[TrainingJob], now: datetime, slots_per_host: int) -> dict[int, Learned]:
+    """Per job: its fitted throughput model, the samples it has left (or None), its age and
+    the slot-seconds it has held."""
+    ids = [j.pk for j in jobs]
+    seen = observations(ids, now, slots_per_host)
+    held = slot_seconds(ids, now)
     out = {}
     for job in jobs:
         mine = seen.get(job.pk, [])
-        model = fit(mine, slots_per_host)
         current = mine[-1].samples_per_s if mine else None
-        out[job.pk] = (model, remaining_samples(job, now, current))
+        out[job.pk] = Learned(
+            rate=fit(mine, slots_per_host),
+            remaining=remaining_samples(job, now, current),
+            history=(max((now - job.created).total_seconds(), 0.0), held.get(job.pk, 0.0)),
+        )
     return out

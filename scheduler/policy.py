@@ -52,6 +52,9 @@ class JobDemand:
     rate: Callable[[int], float] | None = field(default=None, compare=False, repr=False)
     # Samples left to train (from its progress), for the ``goodput`` policy; None: unknown.
     remaining: float | None = None
+    # Seconds since it was submitted and the slot-seconds it has held since, for ``goodput``'s
+    # catching up of jobs behind their fair share; None: unknown.
+    history: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if not priority_bounds.MIN <= self.priority <= priority_bounds.MAX:
@@ -237,7 +240,8 @@ def _goodput(
         lower = [max(lo, min(h, cap)) if share else 0
                  for lo, h, cap, share in zip(lower, held, caps, fair, strict=True)]
     weights = goodput.weights([j.priority for j in ordered], rates,
-                              [j.remaining for j in ordered], fair)
+                              [j.remaining for j in ordered], fair,
+                              [j.history for j in ordered])
     best = goodput.divide(weights, rates, lower, caps, total)
     if goodput.keep_current(weights, rates, held, best, lower, caps, total):
         best = list(held)

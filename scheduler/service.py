@@ -55,6 +55,8 @@ from scheduler.cycle import (
     read_occupied,
     release,
 )
+from scheduler.reasons import GroupMemory
+from scheduler.sharing import Shares, read_shares, restrict
 
 log = logging.getLogger("edt.scheduler")
 
@@ -145,6 +147,11 @@ class SchedulerService:
         )
         self.stop_resend_s = stop_resend_s
         self._stop_sent: dict[int, float] = {}
+        # Each group's last decision, to say why the next one changes a job (scheduler.reasons).
+        self._memory: dict[int, GroupMemory] = {}
+        # The last division of shared hosts between instance groups, to say why a group's
+        # slots changed (scheduler.groups).
+        self._shares: Shares | None = None
 
     def cycle(self) -> CycleReport:
         """Lost hosts first, then one transaction per instance group that has jobs to decide
@@ -153,20 +160,33 @@ class SchedulerService:
         report = CycleReport()
         now = timezone.now()
         self._hosts_lost(now, report)
+        shares = self._divide_hosts()
         for group in InstanceGroup.objects.select_related("resource_group").order_by("pk"):
             if not jobs_with_work(group).exists():
                 continue
             report.groups += 1
             try:
                 with transaction.atomic():
-                    self._group_cycle(group, now, report)
+                    self._group_cycle(group, now, report, shares)
             except IntegrityError as exc:
                 # Another decision booked a slot first (only possible during a leader hand-over):
                 # nothing of this group's decision was written; the next cycle re-reads.
                 report.notes.append(f"group {group.pk}: {exc}; decision dropped, retrying")
                 log.warning("instance group %s: conflicting decision dropped: %s", group.pk, exc)
+        self._shares = shares
         report.duration_ms = (time.perf_counter() - started) * 1000
         return report
+
+    def _divide_hosts(self) -> Shares | None:
+        """Each instance group's share of the hosts it shares with others, once per cycle and
+        before any group decides, so that every group decides on the same division. None if it
+        cannot be read: each group then sees all its slots, as without sharing (grants still
+        land only on slots no allocation holds, whichever group's)."""
+        try:
+            return read_shares()
+        except Exception:
+            log.exception("instance groups' shares of their hosts unavailable this cycle")
+            return None
 
     # -- hosts ---------------------------------------------------------------------------------
 
@@ -185,6 +205,7 @@ class SchedulerService:
                 if not n:
                     continue
                 report.hosts_lost += 1
+                report.lost_hosts.append(host.name)
                 log.warning("host %s lost (no heartbeat since %s)", host.name, host.last_heartbeat)
                 for alloc in SlotAllocation.objects.filter(
                     host=host, released_at__isnull=True
@@ -194,9 +215,10 @@ class SchedulerService:
 
     # -- one instance group --------------------------------------------------------------------
 
-    def _group_cycle(self, group: InstanceGroup, now, report: CycleReport) -> None:
+    def _group_cycle(self, group: InstanceGroup, now, report: CycleReport,
+                     shares: Shares | None = None) -> None:
         """One instance group's decision, inside the caller's transaction: the phases of
-        ``scheduler.cycle``, in order."""
+        ``scheduler.cycle``, in order, on the group's share of hosts it shares (``shares``)."""
         phases = GroupCycle(
             group=group,
             now=now,
@@ -205,10 +227,14 @@ class SchedulerService:
             driver_timeout_s=self.driver_timeout_s,
             stop_resend_s=self.stop_resend_s,
             stop_sent=self._stop_sent,
+            memory=self._memory,
         )
         phases.lock()  # first: every read below sees the group as no other decision leaves it
         phases.force_overdue_reclaims()
         state = read_group(group)
+        restrict(state, shares, self._shares)
+        if state.share_note:
+            report.notes.append(f"instance group {group.name}: {state.share_note}")
         jobs = phases.release_ended_jobs(state)
         live = phases.settle_jobs(state, jobs)
         self._reconcile_slots(_live_allocations(state, live), state.slots, now, report)
@@ -217,9 +243,10 @@ class SchedulerService:
         # the cycle's older `now`: a slot's history never shows a grant before the release it
         # waited for, nor a reclaim before the change (a new priority, a new job) it answers.
         decided_at = timezone.now()
-        changes = plan(state, live)
+        changes = plan(state, live, phases.situation(state, live))
         grants = phases.apply(state, changes, decided_at)
         phases.move_states(state, changes, grants)
+        phases.remember(state, changes)
 
     def _reconcile_slots(self, allocs, hosts, now, report: CycleReport) -> None:
         """Re-send the grant of a slot whose worker supervisor is silent (its launch message was

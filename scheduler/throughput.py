@@ -58,7 +58,10 @@ class ThroughputModel:
     def seconds_per_sample(self, n: int, k: int | None = None) -> float:
         if k is None:
             k = -(-n // max(self.slots_per_host, 1))
-        return float(np.dot(self.params, _features(n, k)))
+        # Plain arithmetic, not numpy: the policy asks this thousands of times per decision.
+        a, b, c, d, e = self.params
+        sync = c + d * (n - 2) if n > 1 else 0.0
+        return a + b / n + sync + e * (k - 1)
 
     def rate(self, n: int, k: int | None = None) -> float:
         """Samples per second on ``n`` workers (``k`` hosts; packed if not given)."""

@@ -73,6 +73,8 @@ class _Running:
     shape_since: float = 0.0
     seen: dict[tuple[int, int], float] = field(default_factory=dict)
     rescales: int = 0
+    # Slot-seconds held so far (a slot held during a rescale's pause counts: it is taken).
+    slot_s: float = 0.0
 
     @property
     def n(self) -> int:
@@ -124,6 +126,7 @@ class Simulator:
         self.interval_s = interval_s
         self.slots_per_host = max(hosts.values())
         self.total = sum(hosts.values())
+        self.now = 0.0
 
     def run(self, jobs: Sequence[SimJob]) -> Run:
         state = _State(sorted(jobs, key=lambda j: (j.arrival, j.name)))
@@ -163,6 +166,7 @@ class Simulator:
 
     def _train(self, r: _Running, start: float, end: float, state: _State) -> None:
         state.slot_seconds += r.n * (end - start)
+        r.slot_s += r.n * (end - start)
         begin = max(start, r.paused_until)
         if end <= begin or not r.n:
             return
@@ -180,6 +184,7 @@ class Simulator:
     def _decide(self, state: _State, now: float) -> None:
         if not state.active:
             return
+        self.now = now
         started = time.perf_counter()
         if self.policy == "fixed":
             targets = self._fixed(state)
@@ -200,7 +205,8 @@ class Simulator:
         return JobDemand(job_id=r.index, priority=r.job.priority, max_workers=r.job.max_workers,
                          submitted=r.job.arrival, placement=dict(r.placement),
                          running=r.started is not None, rate=rate,
-                         remaining=r.steps_left * r.job.batch if rate else None)
+                         remaining=r.steps_left * r.job.batch if rate else None,
+                         history=(self.now - r.job.arrival, r.slot_s) if rate else None)
 
     def _fixed(self, state: _State) -> dict[int, dict[str, int]]:
         """First come, first served; a job starts once its ``num_replicas`` are free."""

@@ -174,3 +174,17 @@ def test_the_model_learns_that_a_job_does_not_scale():
 
 def test_the_model_ignores_a_report_without_throughput():
     assert fit([Observation(2, 1, 0.0)]).params == PRIOR
+
+
+def test_a_job_behind_its_fair_share_of_slot_time_catches_up():
+    hosts = {"a": 8}
+    fresh = [JobDemand(1, max_workers=8, submitted=1, rate=amdahl(0.0), remaining=1e5,
+                       history=(600.0, 4800.0)),
+             JobDemand(2, max_workers=8, submitted=2, rate=amdahl(0.0), remaining=4e5,
+                       history=(600.0, 4800.0))]
+    ahead, behind = allocate(hosts, fresh, "goodput").targets.values()
+    assert ahead > behind  # nearer its end: more
+    # The same, but job 2 has had a quarter of its fair share's slot-time (it waited).
+    starved = [fresh[0], JobDemand(2, max_workers=8, submitted=2, rate=amdahl(0.0),
+                                   remaining=4e5, history=(600.0, 600.0))]
+    assert allocate(hosts, starved, "goodput").targets[2] > behind

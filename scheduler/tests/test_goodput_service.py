@@ -1,0 +1,100 @@
+"""The ``goodput`` policy in the scheduler service: it reads each job's step reports from the
+database and moves slots from a job that measured a poor speedup to one that scales, with the
+policy's reason on the job's target event."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from jobs.models import JobMetric
+from scheduler.measured import models, observations
+from scheduler.service import SchedulerService
+from scheduler.tests.test_service import RecordingExecutor, confirm_left, submit
+
+
+@pytest.fixture(autouse=True)
+def own_stream(settings):
+    """This test's events go to a stream of its own, read back by ``published``."""
+    settings.EDT_EVENTS_STREAM = f"edt-test-{uuid.uuid4().hex[:10]}:events"
+    yield
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(settings.EDT_EVENTS_STREAM)
+    client.close()
+
+
+@pytest.fixture
+def cycle(django_capture_on_commit_callbacks):
+    """One scheduler cycle with a recording executor, and its after-commit calls."""
+    service = SchedulerService(RecordingExecutor(), host_timeout_s=60)
+
+    def run():
+        with django_capture_on_commit_callbacks(execute=True):
+            return service.cycle()
+
+    return run
+
+
+def published() -> list[dict]:
+    """The events published to this test's own stream (``own_events_stream``)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        return [json.loads(fields[b"data"])
+                for _, fields in client.xrange(settings.EDT_EVENTS_STREAM)]
+    finally:
+        client.close()
+
+
+def report(job, workers: int, samples_per_s: float, count: int = 3) -> None:
+    """What the runtime's step reports leave in the database."""
+    JobMetric.objects.bulk_create([
+        JobMetric(job=job, kind=JobMetric.Kind.TRAIN, iteration=i, workers=workers,
+                  values={"loss": 1.0, "samples_per_s": samples_per_s})
+        for i in range(count)])
+
+
+@pytest.mark.django_db
+def test_it_reads_the_median_throughput_at_each_size_a_job_reported(owner, model_def, cluster):
+    job = submit(owner, model_def, cluster, max_workers=8)
+    report(job, 1, 100.0)
+    report(job, 4, 380.0)
+    JobMetric.objects.create(job=job, kind=JobMetric.Kind.TRAIN, workers=4,
+                             values={"samples_per_s": "fast"})  # not a number: ignored
+    seen = observations([job.pk], timezone.now(), slots_per_host=4)[job.pk]
+    assert [(o.workers, o.hosts, o.samples_per_s) for o in seen] == [(1, 1, 100.0),
+                                                                      (4, 1, 380.0)]
+    learned = models([job], timezone.now(), 4)[job.pk]
+    assert learned.rate.rate(4) == pytest.approx(380.0, rel=0.05)
+    assert learned.remaining is None  # no epoch done yet
+    assert learned.history[1] == 0.0  # no slot held yet
+
+
+@pytest.mark.django_db
+def test_it_moves_slots_to_the_job_that_scales(owner, model_def, cluster, cycle):
+    group = cluster["instance_group"]
+    group.policy = "goodput"
+    group.save()
+    scales = submit(owner, model_def, cluster, max_workers=8)
+    flat = submit(owner, model_def, cluster, max_workers=8)
+    cycle()
+    scales.refresh_from_db()
+    flat.refresh_from_db()
+    assert (scales.target_workers, flat.target_workers) == (4, 4)  # nothing measured: fair
+    report(scales, 4, 400.0)
+    report(scales, 1, 100.0)
+    report(flat, 4, 110.0)
+    report(flat, 1, 100.0)
+    cycle()
+    confirm_left(flat)
+    cycle()
+    scales.refresh_from_db()
+    flat.refresh_from_db()
+    assert (scales.target_workers, flat.target_workers) == (6, 2)
+    [event] = [e for e in published() if e["type"] == "job.target" and e["job_id"] == flat.pk
+               and e.get("target") == 2]
+    assert "throughput-aware share: a 3rd slot would" in event["message"], event
