@@ -77,12 +77,16 @@ class ResourceGroupForm(forms.ModelForm):
         return data
 
 
+SHARE_WEIGHT_ERROR = ("Share weight must be a whole number from 1 to 10000 (1: an equal "
+                      "share with the other instance groups on the same hosts).")
+
+
 class InstanceGroupForm(forms.ModelForm):
     class Meta:
         model = InstanceGroup
-        fields = ["name", "resource_group", "policy", "preemption", "reclaim_grace_s",
-                  "default_environment", "allow_model_requirements", "keep_epoch_models",
-                  "keep_best_by"]
+        fields = ["name", "resource_group", "policy", "preemption", "share_weight",
+                  "reclaim_grace_s", "default_environment", "allow_model_requirements",
+                  "keep_epoch_models", "keep_best_by"]
         labels = {
             "keep_epoch_models": "Epochs whose model files each job keeps",
             "keep_best_by": "Also keep the best epoch's, by",
@@ -92,16 +96,31 @@ class InstanceGroupForm(forms.ModelForm):
             "policy": "Scheduling policy",
             "preemption": "Enable preemption",
             "reclaim_grace_s": "Reclaim grace period (seconds)",
+            "share_weight": "Share weight on shared hosts",
+        }
+        help_texts = {
+            "share_weight": "Instance groups whose resource groups hold the same hosts divide "
+                            "their slots in proportion to their weights (1..10000); a group "
+                            "borrows what the others leave idle and gives it back on demand.",
+        }
+        error_messages = {
+            "share_weight": {"min_value": SHARE_WEIGHT_ERROR, "max_value": SHARE_WEIGHT_ERROR,
+                             "invalid": SHARE_WEIGHT_ERROR},
         }
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # A form (or a script) that leaves it out keeps the group's value (new: the default).
         self.fields["keep_epoch_models"].required = False
+        self.fields["share_weight"].required = False
 
     def clean_keep_epoch_models(self) -> int:
         value = self.cleaned_data.get("keep_epoch_models")
         return self.instance.keep_epoch_models if value is None else value
+
+    def clean_share_weight(self) -> int:
+        value = self.cleaned_data.get("share_weight")
+        return self.instance.share_weight if value is None else value
 
 
 class DatasetForm(forms.Form):

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.fields.json import KT
 from django.db.models.functions import Mod, RowNumber
 from django.utils import timezone
 
@@ -16,7 +17,7 @@ from events import logs
 from events.describe import describe, shown_epoch
 from events.fanout import cluster_usage
 from jobs import jobfiles, states
-from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
+from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob, allocation_reason
 from models.models import ModelDefinition
 from resources.models import Host, InstanceGroup
 
@@ -147,13 +148,17 @@ def cluster_chart(*, instance_group: InstanceGroup, user) -> dict[str, Any]:
     if hidden:
         jobs[others] = hidden
     keyed = [(job_id if job_id in visible else others, g, r) for job_id, g, r in rows]
-    data = _slots_and_training(keyed, jobs, _chart_start(rows, now))
+    start = _chart_start(rows, now)
+    data = _slots_and_training(keyed, jobs, start)
+    # Other users' jobs are counted, never explained: their reasons name jobs and priorities.
+    why = _reasons_since(list(visible), start)
     entries = [
         {
             "id": key,
             "label": chart_label(visible[key]) if key != others else "Other users' jobs",
             "data": data["slots"][key],
             "training": data["training"][key],
+            "reasons": why.get(key, []),
         }
         for key in jobs
     ]
@@ -171,9 +176,28 @@ def job_chart(*, job: TrainingJob) -> dict[str, Any]:
     time a granted slot spends starting a worker, or a reclaimed one finishing its step."""
     rows = list(job.allocations.values_list("job_id", "granted_at", "released_at"))
     now = timezone.now()
-    data = _slots_and_training(rows, {job.pk: [job]}, _chart_start(rows, now))
+    start = _chart_start(rows, now)
+    data = _slots_and_training(rows, {job.pk: [job]}, start)
     return {"times": data["times"], "slots": data["slots"][job.pk],
-            "training": data["training"][job.pk], "now": _ms(now)}
+            "training": data["training"][job.pk], "now": _ms(now),
+            "reasons": _reasons_since([job.pk], start).get(job.pk, [])}
+
+
+def _reasons_since(job_ids: list[int], start: datetime) -> dict[int, list[tuple[int, str]]]:
+    """Per job, ``(ms, reason)`` of each change of its target: what a chart says when the
+    pointer is over a band (the reason of the latest change at or before that time). The
+    latest change before ``start`` comes too, as the reason of the level the chart opens on."""
+    targets = JobEvent.objects.filter(type=TARGET, data__has_key="reason")
+    before = targets.filter(job=OuterRef("pk"), ts__lte=start).order_by("-ts", "-id")
+    opening = TrainingJob.objects.filter(pk__in=job_ids).annotate(
+        reason=Subquery(before.values_list(KT("data__reason"), flat=True)[:1]))
+    out: dict[int, list[tuple[int, str]]] = {
+        pk: [(_ms(start), reason)] for pk, reason in opening.values_list("pk", "reason") if reason
+    }
+    later = targets.filter(job__in=job_ids, ts__gt=start).order_by("ts", "id")
+    for job_id, ts, data in later.values_list("job_id", "ts", "data"):
+        out.setdefault(job_id, []).append((_ms(ts), str(data.get("reason", ""))))
+    return out
 
 
 def _slots_and_training(
@@ -346,17 +370,62 @@ def job_events(*, job: TrainingJob, limit: int = 500) -> list[JobEvent]:
     without a message of their own), so rows stored before the epochs were numbered from 1
     read like the new ones."""
     events = list(reversed(list(job.events.order_by("-ts", "-id")[:limit])))
+    took = {c["event"]: c["took_s"] for c in allocation_changes(job=job)}
     for e in events:
         if e.type == "epoch.end" or e.type in CHECKPOINT_TYPES:
             e.message = describe(e.data | {"type": e.type})
+        e.took_s = took.get(e.pk)
     return _after_their_epochs(events)
 
 
 def event_row(event: JobEvent) -> dict[str, Any]:
-    """One event as the job page's live events carry it (see ``events.fanout``)."""
-    return {"type": event.type, "source": event.source, "message": event.message,
-            "ts": event.ts.timestamp(), "seq": event.data.get("seq"),
-            "epoch_shown": shown_epoch(event.data | {"type": event.type})}
+    """One event as the job page's live events carry it (see ``events.fanout``), with the
+    measured cost of an allocation change (``took_s``, from ``job_events``) when known."""
+    row = {"type": event.type, "source": event.source, "message": event.message,
+           "ts": event.ts.timestamp(), "seq": event.data.get("seq"),
+           "epoch_shown": shown_epoch(event.data | {"type": event.type})}
+    if event.type == TARGET:
+        row |= {"target": event.data.get("target"), "reason": event.data.get("reason", ""),
+                "took_s": getattr(event, "took_s", None)}
+    return row
+
+
+TARGET = "job.target"
+
+
+def allocation_changes(*, job: TrainingJob) -> list[dict[str, Any]]:
+    """Each change of the job's target, oldest first: when it was decided, from and to how
+    many slots, why (``reason``), and what it cost as measured: ``took_s``, from the decision
+    to the runtime's first generation at the new size (the job training at that size again),
+    and ``rescale_s``, the runtime's own part of it (the generation's ``duration_s``). Both
+    are None until that generation forms, and stay None for a change a later one overtook
+    before it did, and for a change to 0 slots (no generation forms)."""
+    rows = job.events.filter(type__in=(TARGET, GENERATION_CHANGED)).order_by("ts", "id")
+    changes: list[dict[str, Any]] = []
+    waiting: dict[str, Any] | None = None
+    for pk, kind, ts, data in rows.values_list("pk", "type", "ts", "data"):
+        if kind == TARGET:
+            waiting = {"event": pk, "ts": ts.timestamp(), "old": data.get("old"),
+                       "target": data.get("target"), "reason": data.get("reason", ""),
+                       "policy": data.get("policy", ""), "took_s": None, "rescale_s": None}
+            changes.append(waiting)
+            if not waiting["target"]:
+                waiting = None
+        elif waiting is not None and data.get("size") == waiting["target"]:
+            waiting["took_s"] = round(ts.timestamp() - waiting["ts"], 3)
+            rescale = data.get("duration_s")
+            waiting["rescale_s"] = rescale if isinstance(rescale, int | float) else None
+            waiting = None
+    return changes
+
+
+def waiting_reason(*, job: TrainingJob) -> str:
+    """Why a PENDING job waits, in its owner's words ("" for a job that does not wait, or
+    before the scheduler first decided for it)."""
+    if job.state != states.PENDING:
+        return ""
+    reason = allocation_reason(job)
+    return reason if reason.startswith(("pending", "preempted")) else ""
 
 
 def worker_ranks(*, job: TrainingJob) -> dict[str, int]:

@@ -16,7 +16,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from config.ownership import is_admin
-from console import forms, selectors, streaming
+from console import forms, selectors, sharing, streaming
 from console.api.errors import in_use_message
 from datasets import services as dataset_services
 from environments.services import import_warnings
@@ -397,6 +397,12 @@ def job_stop(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "console/job_stop.html", {"job": job})
 
 
+def _waiting(job: TrainingJob) -> str:
+    """Why the job waits: another instance group holding the slots its group shares says more
+    than the group's own policy can (``console.sharing``)."""
+    return sharing.waiting_for_group(job) or selectors.waiting_reason(job=job)
+
+
 @login_required
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = _visible_job(request, pk)
@@ -404,6 +410,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context = {
         "job": job,
         "eta": selectors.eta(job),
+        "waiting": _waiting(job),
         "events": selectors.job_events(job=job),
         "log": selectors.job_log(job=job, source=source),
         "sources": selectors.job_log_sources(job=job),
@@ -461,6 +468,7 @@ def job_history(request: HttpRequest, pk: int) -> JsonResponse:
                 "id": job.pk, "state": job.state, "slots": job.workers_now,
                 "max_workers": job.max_workers, "priority": job.priority,
                 "epoch": job.epoch, "epochs": job.epochs, "iteration": job.iteration,
+                "waiting": _waiting(job),
             },
             "chart": selectors.job_chart(job=job),
             "metrics": selectors.job_metrics(job=job),

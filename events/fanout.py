@@ -43,15 +43,22 @@ def is_allocation(event_type: str) -> bool:
 
 
 def cluster_usage(instance_group_id: int) -> dict[str, int]:
-    """Total, used and free slots of an instance group right now."""
+    """Total, used, held by other instance groups, and free slots of an instance group right
+    now. Two instance groups whose resource groups hold the same hosts share their slots
+    (``scheduler.groups``): a slot another group's job holds is not free for this one."""
     group = (
         InstanceGroup.objects.select_related("resource_group").filter(pk=instance_group_id).first()
     )
-    total = sum(group.resource_group.slots_by_host().values()) if group else 0
-    used = SlotAllocation.objects.filter(
-        job__instance_group_id=instance_group_id, released_at__isnull=True
-    ).count()
-    return {"total": total, "used": used, "free": max(0, total - used)}
+    slots = group.resource_group.slots_by_host() if group else {}
+    total = sum(slots.values())
+    active = SlotAllocation.objects.filter(released_at__isnull=True)
+    used = active.filter(job__instance_group_id=instance_group_id).count()
+    other = (
+        active.filter(host_id__in=list(slots)).exclude(job__instance_group_id=instance_group_id)
+        .count()
+    )
+    other = min(other, max(0, total - used))
+    return {"total": total, "used": used, "other": other, "free": max(0, total - used - other)}
 
 
 def browser_event(event: Event, *, job_id: int, instance_group_id: int,

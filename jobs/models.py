@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.db.models import Q
+from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -33,6 +34,33 @@ class TrainingJobQuerySet(OwnedQuerySet):
         return self.annotate(
             workers_now=Coalesce(models.Subquery(held, output_field=models.IntegerField()), 0)
         )
+
+    def with_allocation_reason(self) -> TrainingJobQuerySet:
+        """Annotate ``allocation_reason``: why the job holds what it holds, or waits (the
+        reason of its latest allocation change, ``scheduler.reasons``); "" before any."""
+        return self.annotate(allocation_reason=Coalesce(
+            models.Subquery(_latest_reasons(models.OuterRef("pk")),
+                            output_field=models.TextField()), models.Value(""),
+            output_field=models.TextField()))
+
+
+# The events of a job whose ``reason`` says why it holds what it holds, or waits.
+ALLOCATION_REASON_TYPES = ("job.target", "job.waiting", "job.preempted")
+
+
+def _latest_reasons(job) -> models.QuerySet:
+    return (JobEvent.objects.filter(job=job, type__in=ALLOCATION_REASON_TYPES,
+                                    data__has_key="reason")
+            .order_by("-ts", "-id").values_list(KT("data__reason"), flat=True)[:1])
+
+
+def allocation_reason(job: TrainingJob) -> str:
+    """The job's allocation reason (the annotation's, when the row has it)."""
+    annotated = getattr(job, "allocation_reason", None)
+    if annotated is not None:
+        return annotated
+    found = list(_latest_reasons(job.pk))
+    return (found[0] or "") if found else ""
 
 
 class TrainingJob(models.Model):

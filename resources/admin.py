@@ -25,5 +25,6 @@ class ResourceGroupAdmin(admin.ModelAdmin):
 
 @admin.register(InstanceGroup)
 class InstanceGroupAdmin(admin.ModelAdmin):
-    list_display = ["name", "resource_group", "policy", "preemption", "reclaim_grace_s"]
+    list_display = ["name", "resource_group", "policy", "preemption", "share_weight",
+                    "reclaim_grace_s"]
     list_filter = ["policy", "preemption"]

@@ -6,12 +6,13 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
+from console.forms import SHARE_WEIGHT_ERROR
 from datasets.models import Dataset
 from environments.models import Environment, EnvironmentBuild
 from environments.services import import_warnings
 from environments.spec import RequirementError, requirement_lines
 from jobs import priority as priority_bounds
-from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob
+from jobs.models import JobEvent, JobMetric, SlotAllocation, TrainingJob, allocation_reason
 from models.models import ModelDefinition
 from resources.models import GPU, Host, InstanceGroup, ResourceGroup
 from resources.names import NAME_MAX_LENGTH, name_too_long
@@ -59,6 +60,12 @@ class InstanceGroupSerializer(serializers.ModelSerializer):
     default_environment = serializers.SlugRelatedField(
         slug_field="name", queryset=Environment.objects.filter(base__isnull=True),
         allow_null=True, required=False)
+    share_weight = serializers.IntegerField(
+        min_value=1, max_value=10000, required=False,
+        error_messages={"min_value": SHARE_WEIGHT_ERROR, "max_value": SHARE_WEIGHT_ERROR,
+                        "invalid": SHARE_WEIGHT_ERROR},
+        help_text="This group's weight when instance groups share hosts: their slots are "
+                  "divided in proportion to the weights of the groups with work (default 1).")
 
     class Meta:
         model = InstanceGroup
@@ -68,6 +75,7 @@ class InstanceGroupSerializer(serializers.ModelSerializer):
             "resource_group",
             "policy",
             "preemption",
+            "share_weight",
             "reclaim_grace_s",
             "default_environment",
             "allow_model_requirements",
@@ -162,6 +170,11 @@ class JobSerializer(serializers.ModelSerializer):
     environment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     workers = serializers.SerializerMethodField(help_text="Slots the job holds now.")
     wmla_state = serializers.CharField(read_only=True)
+    allocation_reason = serializers.SerializerMethodField(
+        help_text="Why the job holds what it holds, or waits: the reason of its latest "
+                  "allocation change, in its owner's words (\"shrunk 8 → 4: job #12 (priority "
+                  "5000) arrived and fair share splits 8 slots 4/4\", \"pending: all 8 slots "
+                  "are held by higher-priority jobs\"); \"\" before the scheduler decided.")
 
     class Meta:
         model = TrainingJob
@@ -175,6 +188,7 @@ class JobSerializer(serializers.ModelSerializer):
             "devices_per_worker",
             "workers",
             "target_workers",
+            "allocation_reason",
             "model",
             "dataset",
             "instance_group",
@@ -202,6 +216,9 @@ class JobSerializer(serializers.ModelSerializer):
         if annotated is not None:
             return annotated
         return job.allocations.filter(released_at__isnull=True).count()
+
+    def get_allocation_reason(self, job: TrainingJob) -> str:
+        return allocation_reason(job)
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -311,10 +328,37 @@ class JobMetricSerializer(serializers.ModelSerializer):
 
 
 class JobEventSerializer(serializers.ModelSerializer):
+    reason = serializers.SerializerMethodField(
+        help_text="Why, for an allocation change (job.target, slot.granted, "
+                  "slot.reclaim_requested, job.preempted, job.waiting); \"\" otherwise.")
+
     class Meta:
         model = JobEvent
-        fields = ["id", "type", "source", "message", "data", "ts"]
+        fields = ["id", "type", "source", "message", "reason", "data", "ts"]
         read_only_fields = fields
+
+    def get_reason(self, event: JobEvent) -> str:
+        reason = event.data.get("reason", "") if isinstance(event.data, dict) else ""
+        # slot.released's reason is a code (reclaimed, host_lost ...), not a sentence.
+        return reason if isinstance(reason, str) and event.type != "slot.released" else ""
+
+
+class AllocationChangeSerializer(serializers.Serializer):
+    """One change of a job's target slots, why, and what it cost as measured."""
+
+    event = serializers.IntegerField(help_text="The job.target event of the change.")
+    ts = serializers.FloatField(help_text="When it was decided (Unix seconds).")
+    old = serializers.IntegerField(allow_null=True)
+    target = serializers.IntegerField(allow_null=True)
+    reason = serializers.CharField()
+    policy = serializers.CharField()
+    took_s = serializers.FloatField(
+        allow_null=True, help_text="Seconds from the decision to the job training at the new "
+                                   "size (the runtime's first generation of that size); null "
+                                   "until then, for a change overtaken first, or to 0 slots.")
+    rescale_s = serializers.FloatField(
+        allow_null=True, help_text="The runtime's own part of it: from the change being asked "
+                                   "of the job to the new generation formed.")
 
 
 class TokenRequestSerializer(serializers.Serializer):

@@ -248,7 +248,7 @@ class JobViewSet(
     def get_queryset(self):
         return (
             TrainingJob.objects.visible_to(self.request.user).with_workers()
-            .select_related("owner", "environment")
+            .with_allocation_reason().select_related("owner", "environment")
         )
 
     @extend_schema(
@@ -362,6 +362,14 @@ class JobViewSet(
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):
         return self._paged(self.get_object().events.order_by("ts", "id"), s.JobEventSerializer)
+
+    @extend_schema(responses={200: s.AllocationChangeSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def changes(self, request, pk=None):
+        """The job's allocation changes, oldest first: from and to how many slots, why, and
+        how long the job took to train at the new size (``took_s``, measured)."""
+        rows = selectors.allocation_changes(job=self.get_object())
+        return self._paged(rows, s.AllocationChangeSerializer)
 
     @extend_schema(parameters=[s.JobLogQuerySerializer], responses={200: s.JobLogSerializer})
     @action(detail=True, methods=["get"], pagination_class=None)  # pages by byte offset

@@ -559,6 +559,8 @@ def watch_line(e: dict) -> str:
         parts.append(f"loss {loss:.4g}" if isinstance(loss, (int, float)) else f"loss {loss}")
     if slots:
         parts.append(f"slots {slots}")
+    if e.get("allocationReason"):
+        parts.append(f"why: {e['allocationReason']}")
     return "  ".join(parts)
 
 
@@ -573,7 +575,8 @@ class WatchView:
 
     def show(self, e: dict) -> None:
         line = watch_line(e)
-        key = (e.get("state"), e.get("workers"), e.get("targetWorkers"), e.get("priority"))
+        key = (e.get("state"), e.get("workers"), e.get("targetWorkers"), e.get("priority"),
+               e.get("allocationReason"))
         if self.tty:
             width = shutil.get_terminal_size((120, 24)).columns
             end = "\n" if key != self.last_key and self.last_key is not None else ""

@@ -154,7 +154,8 @@ def test_the_dashboard_hides_other_users_jobs_but_shows_the_totals(owner, other,
             "allocation.grant", job.pk, 1)
         seen_by_other = await theirs.receive_json_from(timeout=5)
         assert seen_by_other == {"type": "cluster.usage", "ts": 5.0,
-                                 "cluster": {"total": 8, "used": 1, "free": 7}}
+                                 "cluster": {"total": 8, "used": 1, "other": 0,
+                                             "free": 7}}
         assert await mine.receive_nothing(timeout=0.3)
         assert await theirs.receive_nothing(timeout=0.3)
         await mine.disconnect()

@@ -441,7 +441,7 @@ def test_the_cluster_chart_shows_a_band_per_job_and_hides_other_users_jobs(
 
     mine = browser(owner).get(url).json()
     assert {j["id"]: j["data"][-1] for j in mine["jobs"]} == {first.pk: 3, second.pk: 4}
-    assert mine["cluster"] == {"total": 8, "used": 7, "free": 1}
+    assert mine["cluster"] == {"total": 8, "used": 7, "other": 0, "free": 1}
     assert len(mine["times"]) == len(mine["jobs"][0]["data"])
 
     theirs = browser(other).get(url).json()

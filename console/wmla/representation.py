@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import shlex
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
+from console.selectors import allocation_changes
 from jobs import states
-from jobs.models import TrainingJob
+from jobs.models import TrainingJob, allocation_reason
 
 # WMLA's state names, and ours, accepted by ``GET /execs?state=``.
 WMLA_TO_OURS: dict[str, set[str]] = {}
@@ -137,6 +138,8 @@ def exec_json(job: TrainingJob, *, detail: bool = False) -> dict:
         "priority": job.priority,
         "workers": workers,
         "targetWorkers": job.target_workers,
+        # Why it holds what it holds, or waits (the scheduler's reason of its latest change).
+        "allocationReason": allocation_reason(job),
         "maxWorkers": job.max_workers,
         # The environment that ran it (a layer of the model's requirements once launched).
         "environment": job.environment.name if job.environment_id else None,
@@ -151,15 +154,34 @@ def exec_json(job: TrainingJob, *, detail: bool = False) -> dict:
         "stopRequested": job.stop_requested_at is not None,
         "error": job.error,
     }
-    if detail:
-        last = job.metrics.filter(kind="train").order_by("-ts", "-id").first()
-        body["lastMetrics"] = last.values if last else None
-        held = job.allocations.filter(released_at__isnull=True).select_related("host")
-        body["slots"] = {
+    return body | _detail(job) if detail else body
+
+
+def _detail(job: TrainingJob) -> dict:
+    """What ``GET /execs/{id}`` adds to a list's exec: its latest training metrics, its latest
+    allocation change and the slots it holds now."""
+    last = job.metrics.filter(kind="train").order_by("-ts", "-id").first()
+    held = job.allocations.filter(released_at__isnull=True).select_related("host")
+    return {
+        "lastMetrics": last.values if last else None,
+        "lastAllocationChange": last_allocation_change(job),
+        "slots": {
             f"{a.host.name}:{a.slot}": {"host": a.host.name, "slot": a.slot, "worker": a.worker_id}
             for a in held.order_by("host__name", "slot")
-        }
-    return body
+        },
+    }
+
+
+def last_allocation_change(job: TrainingJob) -> dict | None:
+    """The exec's latest change of target slots: from, to, why, when it was decided, and how
+    long the job took to train at the new size (null until it does)."""
+    changes = allocation_changes(job=job)
+    if not changes:
+        return None
+    last = changes[-1]
+    return {"from": last["old"], "to": last["target"], "reason": last["reason"],
+            "decidedAt": _utc(datetime.fromtimestamp(last["ts"], tz=UTC)),
+            "tookSeconds": last["took_s"], "rescaleSeconds": last["rescale_s"]}
 
 
 # --- applications: WMLA's scheduler and Conductor views of an exec ------------------------

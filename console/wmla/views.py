@@ -103,6 +103,7 @@ class WmlaView(APIView):
         return (
             TrainingJob.objects.visible_to(self.request.user)
             .with_workers()
+            .with_allocation_reason()
             .select_related("owner", "model", "dataset", "instance_group", "wmla_exec",
                             "environment")
         )

@@ -231,7 +231,7 @@ def test_an_allocation_event_reaches_both_groups_with_absolute_counts(job, clust
     assert item["owner_id"] == job.owner_id
     sent = item["event"]
     assert (sent["type"], sent["job_id"], sent["slots"]) == ("allocation.grant", job.pk, 3)
-    assert sent["cluster"] == {"total": 8, "used": 3, "free": 5}
+    assert sent["cluster"] == {"total": 8, "used": 3, "other": 0, "free": 5}
     # Per-iteration metrics go to the job's page only, not to every dashboard.
     assert [i["event"]["type"] for i in metric["events"]] == ["metrics.train"]
 

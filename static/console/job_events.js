@@ -67,8 +67,38 @@
       const source = document.createElement("small");
       source.textContent = ev.source || "";
       li.append(time, " ", type, " " + (ev.message || fields(ev)) + " ", source);
+      if (ev.type === "job.target") {
+        // An allocation change: its reason is in its message; what it cost is added once the
+        // runtime trains at the new size (from the history, or live by `measured`).
+        li.dataset.target = ev.target;
+        li.dataset.ts = ev.ts;
+        if (typeof ev.took_s === "number") this._took(li, ev.took_s);
+      }
       li.hidden = !this._shows(li);
       return li;
+    }
+
+    _took(li, seconds) {
+      li.dataset.took = seconds;
+      const took = document.createElement("span");
+      took.className = "took";
+      took.textContent = "training at " + li.dataset.target + " workers " +
+        seconds.toFixed(2) + " s later";
+      li.insertBefore(took, li.querySelector("small"));
+      li.insertBefore(document.createTextNode(" "), li.querySelector("small"));
+    }
+
+    /* A new generation: if it is the size the latest allocation change asked for, that change
+     * took from its decision to now (the server works it out the same way on a reload). */
+    measured(ev) {
+      if (typeof ev.size !== "number") return;
+      const changes = this.el.querySelectorAll('li[data-type="job.target"]');
+      const last = changes[changes.length - 1];
+      if (!last || last.dataset.took !== undefined || Number(last.dataset.target) !== ev.size) {
+        return;
+      }
+      const since = Number(last.dataset.ts);
+      if (ev.ts >= since) this._took(last, Math.round((ev.ts - since) * 1000) / 1000);
     }
 
     /* Where a live event goes: last, except the end of an epoch whose checkpoint came first

@@ -43,6 +43,22 @@
       if (error) this._error(error);
     }
 
+    /* Why the job waits, in the header while it does ("" hides it). */
+    waiting(reason) {
+      const row = this.root.querySelector("[data-waiting-row]");
+      if (!row) return;
+      this.text("[data-waiting]", reason || "");
+      row.hidden = !reason || this.ended;
+    }
+
+    /* An allocation event says why the job waits, or that it no longer does. */
+    allocation(ev) {
+      const t = ev.type;
+      if ((t === "job.waiting" || t === "job.preempted") && ev.reason) this.waiting(ev.reason);
+      else if (t === "job.target") this.waiting(ev.target ? "" : ev.reason);
+      else if (t === "job.state" && ev.state !== "PENDING") this.waiting("");
+    }
+
     /* Why the job failed, under its facts, as the page shows it after a reload. */
     _error(error) {
       let pre = this.root.querySelector("pre.error");
@@ -77,6 +93,7 @@
         { key: this.key, label: "slots granted", data: chart.slots },
         { key: TRAINING, label: "workers training", data: chart.training || [] },
       ], chart.now);
+      this.chart.setReasons(this.key, chart.reasons);
     }
 
     set(key, value, ms) {
@@ -131,6 +148,7 @@
 
   function drawHistory(page, h) {
     page.summary.state(h.job.state);
+    page.summary.waiting(h.job.waiting);
     page.summary.text("[data-slots]", h.job.slots);
     page.summary.progress(h.job.epoch, h.job.iteration);
     page.slots.load(h.chart);
@@ -192,6 +210,9 @@
       page.summary.progress(ev.epoch_shown, null); // "Epoch 20/20 done" beside "epoch 20/20"
     }
     if (t === "job.state") page.summary.state(ev.state, ev.error);
+    page.summary.allocation(ev);
+    if (t === "job.target" && ev.reason) page.slots.chart.addReason(page.slots.key, msOf(ev), ev.reason);
+    if (t === "generation.changed") page.events.measured(ev);
     if (t === "generation.changed" && Array.isArray(ev.members)) {
       page.log.setRanks(Object.fromEntries(ev.members.map((w, rank) => ["worker:" + w, rank])));
     }

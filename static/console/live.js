@@ -116,6 +116,7 @@
     constructor(canvas, { stacked, title }) {
       this.stacked = stacked;
       this.times = []; // before the chart: its first draw asks for the tick labels
+      this.reasons = new Map(); // band key -> [[ms, why its slots changed], ...], in time order
       this.chart = new Chart(canvas, {
         type: "line",
         data: { datasets: [] },
@@ -137,7 +138,11 @@
           },
           plugins: {
             legend: { position: "bottom" },
-            tooltip: { callbacks: { title: (items) => items.length ? clock(items[0].parsed.x) : "" } },
+            tooltip: { callbacks: {
+              title: (items) => items.length ? clock(items[0].parsed.x) : "",
+              // Over a band: why it holds what it holds then (the scheduler's reason).
+              afterLabel: (item) => this.reasonAt(item.dataset.key, item.parsed.x),
+            } },
           },
         },
       });
@@ -185,6 +190,28 @@
       }).sort((a, b) => this._rank(a.key) - this._rank(b.key));
       this._restack();
       this.chart.update("none");
+    }
+
+    /* The reasons of a band's changes, from the history: [[ms, text], ...]. */
+    setReasons(key, reasons) { this.reasons.set(String(key), (reasons || []).slice()); }
+
+    /* A change's reason heard live. */
+    addReason(key, ms, text) {
+      if (!text) return;
+      const list = this.reasons.get(String(key)) || [];
+      if (list.some(([t, r]) => t === ms && r === text)) return; // heard twice
+      list.push([ms, text]);
+      list.sort((a, b) => a[0] - b[0]);
+      this.reasons.set(String(key), list);
+    }
+
+    /* Why the band `key` holds what it holds at `ms`: the latest change's reason by then. */
+    reasonAt(key, ms) {
+      const list = this.reasons.get(String(key));
+      if (!list) return "";
+      let why = "";
+      for (const [t, text] of list) { if (t <= ms) why = text; else break; }
+      return why ? "why: " + why : "";
     }
 
     keys() { return this.chart.data.datasets.map((ds) => ds.key); }
@@ -254,7 +281,7 @@
     let heldDuringReload = null; // while a redraw is on its way: the events that arrived since
 
     function totals(cluster) {
-      for (const name of ["total", "used", "free"]) {
+      for (const name of ["total", "used", "other", "free"]) {
         const el = document.querySelector("[data-" + name + "]");
         if (el && cluster && name in cluster) el.textContent = cluster[name];
       }
@@ -268,6 +295,7 @@
         ...data.jobs.map((j) => ({ key: trainingKey(j.id), data: j.training || [],
                                    label: j.label + " · workers training" })),
       ], data.now);
+      data.jobs.forEach((j) => chart.setReasons(j.id, j.reasons));
       totals(data.cluster);
     }
 
@@ -329,6 +357,7 @@
       if (ev.type === "cluster.usage") { onUsage(ev, ms); return; }
       if (ev.job_id === undefined) return;
       const key = String(ev.job_id);
+      if (ev.type === "job.target" && ev.reason) chart.addReason(key, ms, ev.reason);
       const held = slotsOf(key, ev);
       if (held !== null) {
         if (!chart.has(key)) { reload(); changed(); return; }
