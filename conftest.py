@@ -55,7 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # on one server (two checkouts, CI beside a developer) would otherwise drop each other's.
     db = settings.DATABASES["default"]
     if db["ENGINE"] == "django.db.backends.postgresql":
-        db.setdefault("TEST", {}).setdefault("NAME", f"test_{db['NAME']}_{run}")
+        # Not setdefault: once Django has read its settings, TEST holds NAME: None.
+        test = db.setdefault("TEST", {})
+        if not test.get("NAME"):
+            test["NAME"] = f"test_{db['NAME']}_{run}"
     prefix = os.environ["EDT_CACHE_PREFIX"] = f"edt-test-{run}-{worker or 'main'}"
     os.environ["EDT_CHANNEL_PREFIX"] = prefix
     settings.CACHES["default"]["KEY_PREFIX"] = prefix
