@@ -51,11 +51,14 @@
       row.hidden = !reason || this.ended;
     }
 
-    /* An allocation event says why the job waits, or that it no longer does. */
+    /* An allocation event says why the job waits, or that it no longer does. A new target
+       above 0 is not the end of the wait: its slots may still be held by a job (of this
+       group or another) that is leaving; the first slot granted, or the job running, is. */
     allocation(ev) {
       const t = ev.type;
       if ((t === "job.waiting" || t === "job.preempted") && ev.reason) this.waiting(ev.reason);
-      else if (t === "job.target") this.waiting(ev.target ? "" : ev.reason);
+      else if (t === "job.target" && !ev.target) this.waiting(ev.reason);
+      else if (t === "slot.granted") this.waiting("");
       else if (t === "job.state" && ev.state !== "PENDING") this.waiting("");
     }
 
