@@ -3,7 +3,6 @@ the data roots, ownership, ranges), and their errors are put back on the field a
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from django import forms
@@ -11,10 +10,10 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 
+from console.hp_fields import HP_FIELDS, hp_fields, other_hp_field, other_hp_text, parse_other_hp
 from console.manage_forms import clean_requirements_text, environment_field, requirements_field
 from jobs import priority as priority_bounds
 from models.models import ModelDefinition
-from models.validation import BATCH_SIZE_MAX, EPOCHS_MAX, FLOAT_MAX, OPTIMIZERS
 from resources.models import Host, InstanceGroup, ResourceGroup
 from resources.names import NAME_MAX_LENGTH, name_too_long
 
@@ -169,16 +168,8 @@ class ModelDefinitionForm(forms.Form):
         label="Training engine", choices=ModelDefinition.Engine.choices
     )
     dataset = forms.ModelChoiceField(queryset=None)
-    # The bounds are models.validation's, which the service checks again for every interface.
-    epochs = forms.IntegerField(min_value=1, max_value=EPOCHS_MAX, initial=5)
-    batch_size = forms.IntegerField(label="Batch size", min_value=1, max_value=BATCH_SIZE_MAX,
-                                    initial=64)
-    learning_rate = forms.FloatField(label="Base learning rate", min_value=0,
-                                     max_value=FLOAT_MAX, initial=0.01)
-    optimizer = forms.ChoiceField(choices=[(o, o) for o in OPTIMIZERS], initial="SGD")
-    momentum = forms.FloatField(min_value=0, max_value=FLOAT_MAX, required=False)
-    weight_decay = forms.FloatField(label="Weight decay", min_value=0, max_value=FLOAT_MAX,
-                                    required=False)
+    epochs, batch_size, learning_rate, optimizer, momentum, weight_decay = hp_fields(
+        required=True)
     environment = environment_field()
     requirements = requirements_field()
 
@@ -203,50 +194,10 @@ class ModelDefinitionForm(forms.Form):
         return clean_requirements_text(self.cleaned_data["requirements"])
 
     def hyper_parameters(self) -> dict:
-        keys = ("epochs", "batch_size", "learning_rate", "optimizer", "momentum", "weight_decay")
-        return {k: self.cleaned_data[k] for k in keys if self.cleaned_data.get(k) is not None}
+        return {k: self.cleaned_data[k] for k in HP_FIELDS if self.cleaned_data.get(k) is not None}
 
     def step_with_errors(self) -> int:
         return 1 if any(f in self.errors for f in self.STEP_ONE) else 2
-
-
-# The hyper-parameters the Train form shows as their own fields (WMLA's Train dialog shows the
-# same ones); any other key a model defines is a line of "Other hyper-parameters".
-HP_FIELDS = ("epochs", "batch_size", "learning_rate", "optimizer", "momentum", "weight_decay")
-
-
-def _hp_value_text(value: object) -> str:
-    """One value as typed on an "Other hyper-parameters" line: JSON, except a string that does
-    not read as JSON, which is written bare (``name=resnet`` rather than ``name="resnet"``)."""
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except ValueError:
-            return value
-    return json.dumps(value)
-
-
-def other_hp_text(hp: dict) -> str:
-    return "\n".join(f"{k}={_hp_value_text(v)}" for k, v in hp.items() if k not in HP_FIELDS)
-
-
-def parse_other_hp(text: str) -> dict:
-    """``name=value`` lines as a dict; a value reads as JSON (numbers, true, lists...) when it
-    can, else as the text itself. The service judges the values (``validate_hyper_parameters``)."""
-    hp: dict = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        name, sep, raw = line.partition("=")
-        if not sep or not name.strip():
-            raise ValidationError(f"Line {number} is not name=value.")
-        if name.strip() in HP_FIELDS:
-            raise ValidationError(f"Line {number}: set {name.strip()} in its own field above.")
-        try:
-            hp[name.strip()] = json.loads(raw)
-        except ValueError:
-            hp[name.strip()] = raw.strip()
-    return hp
 
 
 class TrainForm(forms.Form):
@@ -278,22 +229,9 @@ class TrainForm(forms.Form):
     )
     # Hyper-parameters for this run, prefilled with the model's own. Blank means "the model's
     # value" (or the runtime's default where the model has none).
-    epochs = forms.IntegerField(min_value=1, max_value=EPOCHS_MAX, required=False)
-    batch_size = forms.IntegerField(label="Batch size", min_value=1, max_value=BATCH_SIZE_MAX,
-                                    required=False)
-    learning_rate = forms.FloatField(label="Learning rate", min_value=0, max_value=FLOAT_MAX,
-                                     required=False)
-    optimizer = forms.ChoiceField(
-        choices=[("", "The model's own"), *((o, o) for o in OPTIMIZERS)], required=False
-    )
-    momentum = forms.FloatField(min_value=0, max_value=FLOAT_MAX, required=False)
-    weight_decay = forms.FloatField(label="Weight decay", min_value=0, max_value=FLOAT_MAX,
-                                    required=False)
-    other_hyper_parameters = forms.CharField(
-        label="Other hyper-parameters", required=False,
-        widget=forms.Textarea(attrs={"rows": 2}),
-        help_text="Optional; one name=value a line, e.g. dropout=0.2.",
-    )
+    epochs, batch_size, learning_rate, optimizer, momentum, weight_decay = hp_fields(
+        required=False, unset="The model's own")
+    other_hyper_parameters = other_hp_field()
     # The model whose hyper-parameters the fields above were filled with: when the form is
     # posted for another model (picked without JavaScript, which refills them), the page is
     # shown again with that model's values rather than starting it with the first one's.

@@ -4,13 +4,12 @@ rules again for every interface."""
 
 from __future__ import annotations
 
-import json
-
 from django import forms
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 
+from console.hp_fields import hp_cleaned, hp_fields, other_hp_field, parse_other_hp
 from environments.models import Environment
 from environments.spec import RequirementError, requirement_lines
 
@@ -66,12 +65,11 @@ class ModelEditForm(forms.Form):
         help_text="The dataset new jobs of this model train on; running and ended jobs keep "
                   "the one they were submitted with.",
     )
-    hyper_parameters = forms.CharField(
-        label="Default hyper-parameters (JSON)", required=False,
-        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
-        help_text='New jobs start from these, e.g. {"epochs": 5, "batch_size": 64}. Jobs '
-                  "submitted before keep theirs.",
-    )
+    # The model's default hyper-parameters, as the Add model form shows them: new jobs start
+    # from these; jobs submitted before keep theirs. An empty field is not set.
+    epochs, batch_size, learning_rate, optimizer, momentum, weight_decay = hp_fields(
+        required=False)
+    other_hyper_parameters = other_hp_field()
     environment = environment_field()
     requirements = requirements_field()
 
@@ -82,17 +80,11 @@ class ModelEditForm(forms.Form):
     def clean_requirements(self) -> str:
         return clean_requirements_text(self.cleaned_data["requirements"])
 
-    def clean_hyper_parameters(self) -> dict:
-        text = self.cleaned_data["hyper_parameters"].strip()
-        if not text:
-            return {}
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise ValidationError(f"This is not valid JSON: {exc}.") from exc
-        if not isinstance(value, dict):
-            raise ValidationError('Give a JSON object, e.g. {"epochs": 5}.')
-        return value
+    def clean_other_hyper_parameters(self) -> dict:
+        return parse_other_hp(self.cleaned_data.get("other_hyper_parameters", ""))
+
+    def hyper_parameters(self) -> dict:
+        return hp_cleaned(self.cleaned_data)
 
 
 class UserCreateForm(forms.Form):

@@ -6,7 +6,6 @@ is confirmed on a page that names what goes with it.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 
 from config.ownership import is_admin
 from console import forms, selectors, views
+from console.hp_fields import hp_initial
 from console.manage_forms import DatasetEditForm, ModelEditForm
 from datasets import services as dataset_services
 from datasets.models import Dataset
@@ -273,7 +273,7 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
     # The datasets its owner may pick, as when the model was added (an admin's: any).
     datasets = Dataset.objects.visible_to(model.owner)
     initial = {"name": model.name, "description": model.description, "dataset": model.dataset,
-               "hyper_parameters": _json(model.hyper_parameters),
+               **hp_initial(model.hyper_parameters),
                "environment": model.environment, "requirements": model.requirements}
     form = ModelEditForm(request.POST or None, initial=initial, datasets=datasets)
     if request.method == "POST" and form.is_valid():
@@ -282,7 +282,7 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
             model_services.model_update(
                 model=model, user=request.user, name=data["name"],
                 description=data["description"], dataset=data["dataset"],
-                hyper_parameters=data["hyper_parameters"],
+                hyper_parameters=form.hyper_parameters(),
                 environment=data["environment"], requirements=data["requirements"],
             )
         except ValidationError as exc:
@@ -294,10 +294,6 @@ def model_edit(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "console/model_edit.html",
                   {"form": form, "model": ModelDefinition.objects.get(pk=model.pk)},
                   status=status)
-
-
-def _json(value: object) -> str:
-    return json.dumps(value or {}, indent=1, sort_keys=True)
 
 
 @login_required

@@ -100,7 +100,8 @@ def test_a_dataset_and_a_model_are_created_viewed_edited_and_deleted(page: Page,
     check_page(page, artifacts, "model")
 
     page.click("a:has-text('Edit')")
-    page.fill("#id_hyper_parameters", '{"epochs": 9, "batch_size": 32}')
+    page.fill("#id_epochs", "9")
+    page.fill("#id_batch_size", "32")
     check_page(page, artifacts, "model-edit")
     page.click("button:has-text('Save')")
     page.wait_for_url(re.compile(r"/models/\d+/$"))
