@@ -263,3 +263,37 @@ def test_an_admin_creates_a_user_and_an_api_token(page: Page, console, artifacts
     assert page.inner_text("[data-secret=token]") == token
     check_page(page, artifacts, "my-account")
     assert page.request.get("/users/").status == 403
+
+
+def test_a_model_archive_with_a_wrong_main_file_is_refused_on_step_one_and_kept(
+        page: Page, console, artifacts):
+    """Next checks step 1 on the server: a wrong main file is said on its field with what the
+    archive holds, before step 2; fixed, the same archive (never chosen again) is added."""
+    tag = uuid.uuid4().hex[:6]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("mnist/main.py", "print('hello')\n")
+        z.writestr("mnist/lib/data.py", "")
+    log_in(page, "alice", console.password)
+    page.goto("/models/new/")
+    page.click("button:has-text('Add Location')")
+    page.fill("#id_name", f"archive-model-{tag}")
+    page.set_input_files("#id_archive", files=[{
+        "name": "mnist.zip", "mimeType": "application/zip", "buffer": buf.getvalue()}])
+    page.fill("#id_main_file", "train.py")
+    page.click("button:has-text('Next')")
+    error = page.locator("[data-check-error]")
+    error.wait_for()
+    assert error.inner_text() == "'train.py' is not a file in the archive."
+    assert page.locator("[data-check-list] li").all_inner_texts() == ["lib/data.py", "main.py"]
+    assert not page.locator("#id_dataset").is_visible(), "still on step 1"
+    check_page(page, artifacts, "model-archive-refused")
+
+    page.fill("#id_main_file", "main.py")
+    page.click("button:has-text('Next')")
+    page.locator("#id_dataset").wait_for()
+    assert page.locator("[data-check-error]").count() == 0
+    page.select_option("#id_dataset", label="seed-data")
+    page.get_by_role("button", name="Add", exact=True).click()
+    page.wait_for_url(re.compile(r"/models/$"))
+    assert f"archive-model-{tag}" in page.inner_text("main")
