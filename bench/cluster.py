@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench import harness
 from bench.harness import REPO, print_result, table
 from scheduler.policy import JobDemand, allocate
 from scheduler.simulation.engine import Costs, Simulator
@@ -125,6 +126,13 @@ def overall(results: dict[tuple[str, str], Summary], policy: str) -> dict[str, f
     return {k: statistics.fmean(getattr(s, k) for s in rows) for k in keys}
 
 
+def aligned(rows: list[list[str]]) -> list[list[str]]:
+    """Every column padded to its widest cell (numbers to the right), for ``table``."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [[r[0]] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+            for r in rows]
+
+
 def print_tables(results, workloads, policies, paper, figures, decide) -> None:
     rows = [["workload", *policies, *(f"paper {p}" for p in PAPER)]]
     for w in workloads:
@@ -132,7 +140,7 @@ def print_tables(results, workloads, policies, paper, figures, decide) -> None:
                      *(f"{paper[p][w]:,.0f}" for p in PAPER)])
     rows.append(["mean", *(f"{figures[p]['jct_mean_s']:,.0f}" for p in policies),
                  *(f"{statistics.fmean(paper[p][w] for w in workloads):,.0f}" for p in PAPER)])
-    print(table(rows, "mean job completion time, s (16 hosts x 4 GPUs)"))
+    print(table(aligned(rows), "mean job completion time, s (16 hosts x 4 GPUs)"))
     print()
     head = ["policy", "mean JCT s", "p99 JCT s", "makespan s", "util", "FTF mean",
             "FTF p99", "rescales/job", "decision ms"]
@@ -141,9 +149,10 @@ def print_tables(results, workloads, policies, paper, figures, decide) -> None:
                       f"{f['ftf_mean']:.2f}", f"{f['ftf_p99']:.2f}",
                       f"{f['rescales_per_job']:.1f}", f"{f['decision_ms_mean']:.2f}"]
                      for p, f in figures.items()]
-    print(table(rows, "per policy, averaged over the workloads"))
+    print(table(aligned(rows), "per policy, averaged over the workloads"))
     print()
-    print(table([["policy", "decision ms"], *([p, f"{ms:.0f}"] for p, ms in decide.items())],
+    print(table(aligned([["policy", "decision ms"],
+                         *([p, f"{ms:.0f}"] for p, ms in decide.items())]),
                 "one decision at 10,000 jobs on 1,000 hosts x 8 slots"))
 
 
@@ -180,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="do not run the real product for sim_vs_real_max_err")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
+    harness.install()  # the pool's processes (and the real run's) end with the bench
     workloads = args.workloads.split(",")
     policies = tuple(args.policies.split(","))
     costs = Costs(args.grow_s, args.shrink_s, args.start_s)
