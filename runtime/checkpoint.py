@@ -9,6 +9,7 @@ Layout under ``RESULT_DIR`` (WMLA's, plus the history of checkpoints)::
     model/train/model_epoch_<N>.pth           model state_dict after epoch N (1-based)
     model/train/model_epoch_<N>_optimizer_state.pth
     model/train/model_epoch_final.pth (+ _optimizer_state.pth), model/model.onnx
+    (a Keras model: model_epoch_<N>.keras and model_epoch_final.keras instead of the .pth)
 
 Every file is written to a temporary name in the same folder (``.tmp-<pid>@<host>-*``),
 fsynced, then renamed, so a crash leaves either the old file or the new one, never half of
@@ -68,7 +69,7 @@ MANIFEST = "manifest.json"
 KEEP = 3  # the latest checkpoint and the two before it
 # The best epoch by the job's chosen test metric (EDT_KEEP_BEST_BY), beside its model files.
 BEST_FILE = "best.json"
-_EPOCH_MODEL = re.compile(r"^model_epoch_(\d+)(?:_optimizer_state)?\.pth$")
+_EPOCH_MODEL = re.compile(r"^model_epoch_(\d+)(?:(?:_optimizer_state)?\.pth|\.keras)$")
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old is stale even if its writer looks alive
 
@@ -551,6 +552,12 @@ class ResultWriter:
         if not folder:
             return []
         clean_stale_tmp(folder)
+        if "keras_file" in st:
+            # A Keras model: Keras's own format, which keras.models.load_model reads (the
+            # architecture, the weights and the optimizer's state in one file).
+            keras_path = os.path.join(folder, f"model_epoch_{tag}.keras")
+            atomic_write(keras_path, st["keras_file"].numpy().tobytes())
+            return [keras_path]
         model_path = os.path.join(folder, f"model_epoch_{tag}.pth")
         opt_path = os.path.join(folder, f"model_epoch_{tag}_optimizer_state.pth")
         atomic_write(model_path, _torch_bytes(st["model"]))

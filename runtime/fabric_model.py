@@ -18,18 +18,42 @@ from .config import JobEnv
 from .optimization import check_clip, check_precision, check_scaler, schedules
 
 _TF_MODULES = ("keras", "tensorflow", "tf_keras")
+TENSORFLOW, PYTORCH = "tensorflow", "pytorch"
 
 
-def _reject_non_torch(model: Any) -> None:
+def framework_of(model: Any) -> str:
+    """``"pytorch"`` or ``"tensorflow"`` (a Keras model), told by the model's classes, so
+    that telling them apart never imports TensorFlow."""
     if isinstance(model, torch.nn.Module):
-        return
-    module = type(model).__module__ or ""
-    if module.split(".")[0] in _TF_MODULES:
-        raise TypeError(
-            "TensorFlow/Keras models are not supported: this EDT runtime trains PyTorch "
-            "models only (pass a torch.nn.Module)."
-        )
-    raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        return PYTORCH
+    if any((c.__module__ or "").split(".")[0] in _TF_MODULES for c in type(model).__mro__):
+        return TENSORFLOW
+    raise TypeError("model must be a torch.nn.Module (PyTorch) or a tf.keras.Model "
+                    f"(TensorFlow), got {type(model).__name__}")
+
+
+def _check_torch_args(loss_function: Any, optimizer: Any) -> None:
+    if not callable(loss_function):
+        raise TypeError("loss_function must be callable for PyTorch models")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim optimizer, got {type(optimizer)}")
+
+
+def _check_keras_args(loss_function: Any, optimizer: Any, torch_only: dict[str, Any]) -> None:
+    """What a Keras model takes: loss and optimizer as Keras objects or names (checked
+    against Keras when training starts, where TensorFlow is loaded); none of the options
+    that exist only for PyTorch."""
+    if not (callable(loss_function) or isinstance(loss_function, str)):
+        raise TypeError("loss_function must be a tf.keras.losses instance, a function or a "
+                        f"loss name for Keras models, got {type(loss_function).__name__}")
+    if isinstance(optimizer, torch.optim.Optimizer) or not (
+            isinstance(optimizer, str) or hasattr(optimizer, "apply_gradients")):
+        raise TypeError("optimizer must be a tf.keras.optimizers instance or a name for "
+                        f"Keras models, got {type(optimizer).__name__}")
+    given = [name for name, value in torch_only.items() if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} exist only for PyTorch models; a Keras model "
+                         "is trained in float32 with its optimizer's own schedule")
 
 
 def _check_count(name: str, value: Any, least: int, what: str) -> None:
@@ -85,7 +109,7 @@ class FabricModel:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: Any,
         datasets_function: Any,
         loss_function: Any,
         optimizer: Any,
@@ -108,13 +132,16 @@ class FabricModel:
         clip_grad_norm: float | None = None,
         lr_scheduler: Any = None,
     ) -> None:
-        _reject_non_torch(model)
+        self.framework = framework_of(model)
         if not callable(datasets_function):
             raise TypeError("datasets_function must be a function returning (train, test)")
-        if not callable(loss_function):
-            raise TypeError("loss_function must be callable for PyTorch models")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim optimizer, got {type(optimizer)}")
+        if self.framework == TENSORFLOW:
+            _check_keras_args(loss_function, optimizer, {
+                "fn_step_train": fn_step_train, "fn_test": fn_test, "precision": precision,
+                "grad_scaler": grad_scaler, "clip_grad_norm": clip_grad_norm,
+                "lr_scheduler": lr_scheduler})
+        else:
+            _check_torch_args(loss_function, optimizer)
         if metrics is not None and not isinstance(metrics, list | tuple):
             metrics = [metrics]
         self.model = model
@@ -127,9 +154,8 @@ class FabricModel:
         self.save_to_onnx = bool(save_to_onnx or enable_onnx)
         self.keras_custom_objects = keras_custom_objects
         self.fn_batch_collate = fn_batch_collate
-        if user_callback is not None and not isinstance(user_callback, list | tuple):
-            user_callback = [user_callback]
-        self.user_callbacks = list(user_callback or [])
+        self.user_callbacks = list(user_callback if isinstance(user_callback, list | tuple)
+                                   else [user_callback] if user_callback is not None else [])
         self.fn_step_train = fn_step_train
         self.fn_test = fn_test
         # Accepted for WMLA compatibility; the constant global batch already keeps the
@@ -138,7 +164,7 @@ class FabricModel:
         self.precision = check_precision(precision)
         self.grad_scaler = check_scaler(grad_scaler, self.precision, fn_step_train is not None)
         self.clip_grad_norm = check_clip(clip_grad_norm)
-        self.lr_schedulers = schedules(lr_scheduler, optimizer)
+        self.lr_schedulers = schedules(lr_scheduler, optimizer) if self.framework == PYTORCH else []
         # What download() packs: set when train() has finished here (name, result folder).
         self.trained: tuple[str, str | None] | None = None
 
@@ -216,6 +242,12 @@ def _run_role(fm: FabricModel, env: JobEnv, cfg: dict[str, Any]) -> Any:
         raise RuntimeError("EDT_ROLE=worker needs EDT_DRIVER_ADDR (host:port of the driver)")
     if env.role == "worker" and not env.secret:
         raise RuntimeError("EDT_ROLE=worker needs EDT_JOB_SECRET (the job's secret)")
+    if fm.framework == TENSORFLOW:
+        # TensorFlow is loaded here, by the training processes of a Keras model only.
+        from .keras_trainer import run_keras_trainer
+
+        run_keras_trainer(fm, cfg, env)
+        return None
     from .worker import run_trainer
 
     run_trainer(fm, cfg, env)

@@ -130,7 +130,7 @@ class StandaloneMembership(Membership):
         self.reports.handle(r)
 
     def upload(self, kind: str) -> None:
-        blob = self.state.blob()
+        blob = self.state.upload_blob()
         if kind in ("checkpoint", "stop"):
             self.results.save_checkpoint(blob)
         elif kind == "final":
@@ -200,7 +200,7 @@ class WorkerMembership(Membership):
 
     def upload(self, kind: str) -> None:
         self._call({"op": "upload_state", "kind": kind, "worker_id": self.worker_id},
-                   self.state.blob())
+                   self.state.upload_blob())
 
     def upload_onnx(self, onnx_bytes: bytes) -> None:
         self._call({"op": "upload_onnx", "worker_id": self.worker_id}, onnx_bytes)

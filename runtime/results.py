@@ -35,7 +35,7 @@ class Results:
 
     def save_final(self, blob: bytes) -> None:
         for path in self.writer.save_final(blob):
-            events.emit("model.saved", path=path, format="pth")
+            events.emit("model.saved", path=path, format=path.rsplit(".", 1)[-1])
 
     def save_onnx(self, onnx_bytes: bytes) -> None:
         for path in self.writer.save_onnx(onnx_bytes):

@@ -100,6 +100,11 @@ class TrainingState:
     def blob(self) -> bytes:
         return dumps(snapshot(self.model, self.optimizer, self.pos, self.extras))
 
+    def upload_blob(self) -> bytes:
+        """The state handed to the driver for the results (a Keras model's adds its
+        ``.keras`` file; see :class:`runtime.keras_model.KerasState`)."""
+        return self.blob()
+
     def load(self, blob: bytes) -> None:
         self.pos = restore(self.model, self.optimizer, loads(blob), self.extras)
 

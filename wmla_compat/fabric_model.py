@@ -6,8 +6,11 @@ not on the path (a model folder's own copies still come first): see
 """
 
 from runtime import FabricModel
+from runtime.keras_compat import honour_lr
 from runtime.wmla import expose_module_names
 
 expose_module_names()
+# A TensorFlow sample imports TensorFlow first: its tf.keras optimizers take ``lr=`` again.
+honour_lr()
 
 __all__ = ["FabricModel"]

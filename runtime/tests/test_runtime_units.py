@@ -57,11 +57,19 @@ def test_it_applies_the_effective_batch_rules(engines, effective, expected) -> N
     assert effective_batch(8, engines, effective, default_engines=4) == expected
 
 
-def test_it_rejects_keras_models_clearly() -> None:
+def test_it_takes_keras_models_without_importing_tensorflow() -> None:
+    """A Keras model is told by its class's module (TensorFlow is imported only by its
+    training processes); PyTorch-only options and a torch optimizer are refused by name."""
     fake_keras = type("Sequential", (), {"__module__": "keras.models"})()
     model, opt = _model_and_opt()
-    with pytest.raises(TypeError, match="TensorFlow/Keras models are not supported"):
-        FabricModel(fake_keras, lambda: None, torch.nn.functional.mse_loss, opt)
+    fm = FabricModel(fake_keras, lambda: None, "categorical_crossentropy", "adam")
+    assert fm.framework == "tensorflow" and fm.lr_schedulers == []
+    with pytest.raises(TypeError, match="tf.keras.optimizers instance or a name"):
+        FabricModel(fake_keras, lambda: None, "mse", opt)
+    with pytest.raises(ValueError, match="clip_grad_norm exist only for PyTorch"):
+        FabricModel(fake_keras, lambda: None, "mse", "adam", clip_grad_norm=1.0)
+    with pytest.raises(TypeError, match=r"torch.nn.Module \(PyTorch\) or a tf.keras.Model"):
+        FabricModel(object(), lambda: None, "mse", "adam")
 
 
 def test_it_accepts_wmla_sample_keyword_names() -> None:
