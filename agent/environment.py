@@ -107,6 +107,12 @@ def build_env(job: TrainingJob, role: str, extra: dict[str, str] | None = None) 
             env[name] = os.environ[name]
     # The instance group's retention of per-epoch model files; the job's own variables win.
     env["EDT_KEEP_EPOCH_MODELS"] = str(job.instance_group.keep_epoch_models)
+    if job.model.framework == "TensorFlow":
+        # WMLA's TensorFlow samples are Keras 2 code (ImageDataGenerator, Adam(lr=...)):
+        # tf.keras is tf_keras for them, unless the job's own variables say otherwise.
+        env["EDT_FRAMEWORK"] = "tensorflow"
+        env["TF_USE_LEGACY_KERAS"] = "1"
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if job.instance_group.keep_best_by:
         env["EDT_KEEP_BEST_BY"] = job.instance_group.keep_best_by
     # Submit refuses reserved names (jobs.validation); a row written before that rule, or by

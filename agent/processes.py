@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import stat
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,12 +66,37 @@ def launch_argv(job: TrainingJob, python: str) -> list[str]:
     unusable (the same would fail on every retry)."""
     main = Path(job.model.location) / job.model.main_file
     _check_main_file(main, job.model.main_file)
+    _check_framework(job, python)
     try:
         args = shlex.split(job.args or "")
     except ValueError as exc:
         raise LaunchError(f"The job's arguments cannot be split like a command line ({exc}): "
                           f"{(job.args or '')[:200]!r}") from None
     return [python, str(main), *args]
+
+
+# Whether an interpreter can import TensorFlow, asked of it without importing it (find_spec
+# reads the path only): a few tens of milliseconds, for TensorFlow jobs only.
+_HAS_TENSORFLOW = ("import importlib.util, sys; "
+                   "sys.exit(importlib.util.find_spec('tensorflow') is None)")
+
+
+def _check_framework(job: TrainingJob, python: str) -> None:
+    """A TensorFlow job on an interpreter without TensorFlow fails here, before any process
+    starts, with what to install, rather than minutes later as an ImportError in its log."""
+    if job.model.framework != "TensorFlow":
+        return
+    try:
+        found = subprocess.run([python, "-c", _HAS_TENSORFLOW], capture_output=True,
+                               timeout=60, env={"PATH": os.environ.get("PATH", "")}).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return  # the launch itself reports an interpreter that cannot run
+    if found != 0:
+        raise LaunchError(
+            "This is a TensorFlow job (--exec-start edtTensorflow), but TensorFlow is not "
+            f"installed for {python}: install the product's TensorFlow extra there "
+            "(pip install 'elastic-console[tensorflow]', i.e. tensorflow and tf-keras) or "
+            "choose a job environment that has TensorFlow.")
 
 
 def _check_main_file(main: Path, name: str) -> None:

@@ -13,6 +13,8 @@ from resources.names import NAME_MAX_LENGTH
 class ModelDefinition(models.Model):
     class Framework(models.TextChoices):
         PYTORCH = "PyTorch", "PyTorch"
+        # A tf.keras model (runtime.keras_trainer); needs the [tensorflow] extra where it runs.
+        TENSORFLOW = "TensorFlow", "TensorFlow"
 
     class Engine(models.TextChoices):
         EDT = "edt", "Elastic Distributed Training"

@@ -30,7 +30,8 @@ def _check_fields(*, owner, name: str, dataset, framework: str, engine: str) -> 
     if ModelDefinition.objects.live().filter(owner=owner, name=name).exists():
         raise ValidationError({"name": f"You already have a model named '{name}'."})
     if framework not in ModelDefinition.Framework.values:
-        raise ValidationError({"framework": f"Framework '{framework}' is not supported (PyTorch)."})
+        raise ValidationError(
+            {"framework": f"Framework '{framework}' is not supported (PyTorch, TensorFlow)."})
     if engine not in ModelDefinition.Engine.values:
         raise ValidationError({"engine": f"Engine '{engine}' is not supported."})
     if dataset is not None and dataset.owner_id != owner.id and not is_admin(owner):

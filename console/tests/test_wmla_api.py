@@ -151,8 +151,8 @@ def _nothing_stored(roots) -> bool:
     "args, sig, field, message",
     [
         ("", "sig-elastic", "args", "args is empty"),
-        ("--exec-start edtTensorflow --model-main elastic-main.py", "sig-elastic", "args",
-         "supported: edtPyTorch"),
+        ("--exec-start edtCaffe --model-main elastic-main.py", "sig-elastic", "args",
+         "supported: edtPyTorch, edtTensorflow"),
         ("--exec-start edtPyTorch", "sig-elastic", "args", "--model-main"),
         (NOTEBOOK_ARGS + " --numWorker x", "sig-elastic", "args", "must be an integer"),
         (NOTEBOOK_ARGS, "no-such-group", "sigName", "No instance group named 'no-such-group'"),
@@ -337,8 +337,11 @@ def test_bad_list_queries_are_a_400(api, owner, db, query, field):
 def test_frameworks_conf_and_status(api, owner, wmla_job):
     client = api(owner)
     frameworks = client.get(f"{DL}/execs/frameworks").json()
-    assert [f["name"] for f in frameworks] == ["edtPyTorch"]
+    assert [f["name"] for f in frameworks] == ["edtPyTorch", "edtTensorflow"]
     assert frameworks[0]["frameworkVersion"]
+    # TensorFlow's version where the [tensorflow] extra is installed, else "" (not an error).
+    assert isinstance(frameworks[1]["frameworkVersion"], str)
+    assert "TensorFlow" in frameworks[1]["desc"][0]
     assert client.get(f"{DL}/conf").json()["MSD_ENABLED"] == "false"
     status = client.get(f"{DL}/status").json()
     assert status["status"] == "OK" and status["execs"] == {"PENDING_CRD_SCHEDULER": 1}

@@ -21,7 +21,11 @@ from jobs.validation import ARGS_MAX_BYTES
 
 FRAMEWORKS = {
     "edtPyTorch": "PyTorch - Elastic Distributed Training (EDT)",
+    "edtTensorflow": "TensorFlow - Elastic Distributed Training (EDT)",
 }
+# The model's framework (models.ModelDefinition.Framework) each --exec-start trains with.
+MODEL_FRAMEWORKS = {"edtPyTorch": "PyTorch", "edtTensorflow": "TensorFlow"}
+EXEC_STARTS = {model: name for name, model in MODEL_FRAMEWORKS.items()}
 
 # dlicmd flags with a value that have no meaning here: taken from the string and dropped.
 _IGNORED_WITH_VALUE = (

@@ -10,6 +10,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from console.selectors import allocation_changes
+from console.wmla.args import EXEC_STARTS
 from jobs import states
 from jobs.models import TrainingJob, allocation_reason
 
@@ -90,10 +91,15 @@ def _utc(value: datetime | None) -> str | None:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
 
 
+def exec_start(job: TrainingJob) -> str:
+    """WMLA's framework name of the job's model (``edtPyTorch``, ``edtTensorflow``)."""
+    return EXEC_STARTS.get(job.model.framework, "edtPyTorch")
+
+
 def default_args(job: TrainingJob) -> str:
     """The args string a job submitted from the console would have had through dlicmd."""
     parts = [
-        "--exec-start edtPyTorch",
+        f"--exec-start {exec_start(job)}",
         f"--model-main {job.model.main_file}",
         f"--edt-options maxWorkers={job.max_workers}",
     ]
@@ -126,7 +132,7 @@ def exec_json(job: TrainingJob, *, detail: bool = False) -> dict:
         "endTime": _utc(job.finished),
         "creator": job.owner.username,
         "elastic": True,
-        "framework": wmla.framework if wmla else "edtPyTorch",
+        "framework": wmla.framework if wmla else exec_start(job),
         "numWorker": job.max_workers,
         "state": job.wmla_state,
         "workDir": job.result_dir,
@@ -231,7 +237,7 @@ def scheduler_app_json(job: TrainingJob, logged: list[str]) -> dict:
         "state": job.wmla_state,
         "submit_user": job.owner.username,
         "consumer": job.instance_group.name,
-        "type": "edtPyTorch",
+        "type": exec_start(job),
         "priority": job.priority,
         "submit_time": _seconds(job.created),
         "start_time": _seconds(job.started),

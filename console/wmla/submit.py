@@ -20,7 +20,7 @@ from rest_framework import status
 from rest_framework.exceptions import APIException
 
 from console.api.parsers import loads as json_loads
-from console.wmla.args import SubmitArgs
+from console.wmla.args import MODEL_FRAMEWORKS, SubmitArgs
 from console.wmla.models import WmlaExec
 from datasets import services as dataset_services
 from datasets.models import Dataset, Upload
@@ -178,6 +178,7 @@ def with_uploaded_model(*, user, parsed: SubmitArgs, upload, form_data: object, 
                 model = model_services.model_create_from_archive(
                     owner=user, name=_model_name(parsed), archive=_as_archive(upload),
                     dataset=dataset, main_file=parsed.model_main, description=description,
+                    framework=MODEL_FRAMEWORKS.get(parsed.framework, "PyTorch"),
                 )
             except ValidationError as exc:
                 raise _as_file_error(exc) from exc

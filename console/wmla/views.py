@@ -339,10 +339,14 @@ class ZipTooLarge(APIException):
 class FrameworksView(WmlaView):
     @doc("Deep-learning frameworks")
     def get(self, request):
-        try:
-            version = metadata.version("torch")
-        except metadata.PackageNotFoundError:
-            version = ""
+        def version(name: str) -> str:
+            # The installed framework's version, read from its metadata (nothing imported):
+            # "" for TensorFlow where the [tensorflow] extra is not installed.
+            try:
+                return metadata.version("tensorflow" if name == "edtTensorflow" else "torch")
+            except metadata.PackageNotFoundError:
+                return ""
+
         return Response(
             [
                 {
@@ -354,7 +358,7 @@ class FrameworksView(WmlaView):
                         f"$ python dlicmd.py --exec-start {name} <connection-options> --ig <ig> "
                         "--cs-datastore-meta type=fs,data_path=<dataset> --model-main main.py",
                     ],
-                    "frameworkVersion": version,
+                    "frameworkVersion": version(name),
                 }
                 for name, description in FRAMEWORKS.items()
             ]
