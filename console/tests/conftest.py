@@ -16,3 +16,14 @@ def quiet_channels(settings):
     clear_caches()
     yield
     clear_caches()
+
+
+@pytest.fixture
+def browser(client):
+    """``browser(user)``: the test client signed in as that user."""
+
+    def sign_in(user):
+        client.force_login(user)
+        return client
+
+    return sign_in

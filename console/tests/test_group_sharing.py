@@ -16,15 +16,6 @@ from resources.models import InstanceGroup, ResourceGroup
 
 
 @pytest.fixture
-def browser(client):
-    def sign_in(user):
-        client.force_login(user)
-        return client
-
-    return sign_in
-
-
-@pytest.fixture
 def two_groups(cluster):
     """prod (the cluster's instance group) and research, both over all hosts: 8 slots."""
     prod = cluster["instance_group"]

@@ -33,15 +33,6 @@ DL = "/platform/rest/deeplearning/v1"
 
 
 @pytest.fixture
-def browser(client):
-    def sign_in(user):
-        client.force_login(user)
-        return client
-
-    return sign_in
-
-
-@pytest.fixture
 def folders(roots):
     """Two model folders in alice's own area: one importing a module nobody has, one importing
     only the standard library, torch and its own helpers.py."""

@@ -16,15 +16,6 @@ from models.models import ModelDefinition
 URL = "model-check-location"
 
 
-@pytest.fixture
-def browser(client):
-    def as_user(user):
-        client.force_login(user)
-        return client
-
-    return as_user
-
-
 def a_zip(files: dict[str, str], name: str = "model.zip") -> SimpleUploadedFile:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:

@@ -26,15 +26,6 @@ from resources.models import Host, InstanceGroup, ResourceGroup
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quiet_channels")]
 
 
-@pytest.fixture
-def browser(client):
-    def sign_in(user):
-        client.force_login(user)
-        return client
-
-    return sign_in
-
-
 def _end(job: TrainingJob, state: str = states.FINISHED) -> TrainingJob:
     TrainingJob.objects.filter(pk=job.pk).update(state=state)
     job.refresh_from_db()

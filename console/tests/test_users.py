@@ -21,15 +21,6 @@ ADMIN_PAGES = [("users", []), ("user-new", [])]
 ADMIN_POSTS = ["user-active", "user-admin", "user-password", "user-token"]
 
 
-@pytest.fixture
-def browser(client):
-    def sign_in(user):
-        client.force_login(user)
-        return client
-
-    return sign_in
-
-
 def _secret(response, kind: str) -> str:
     match = re.search(rf'data-secret="{kind}">([^<]+)<', response.content.decode())
     assert match, f"no {kind} shown on the page"

@@ -22,17 +22,6 @@ from resources.models import InstanceGroup, ResourceGroup
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("quiet_channels")]
 
 
-@pytest.fixture
-def browser(client):
-    """``browser(user)``: the test client signed in as that user."""
-
-    def sign_in(user):
-        client.force_login(user)
-        return client
-
-    return sign_in
-
-
 PAGES = [
     "home", "hosts", "resource-groups", "instance-groups", "datasets", "dataset-new",
     "dataset-new-any", "models", "model-new", "train", "jobs",
