@@ -5,6 +5,7 @@ it moves slots to the jobs that gain from them."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from scheduler import goodput
 from scheduler.policy import JobDemand, allocate
+from scheduler.tests.test_policy import clusters
 from scheduler.throughput import PRIOR, Observation, fit
 
 PROPERTY_SETTINGS = settings(
@@ -26,28 +28,14 @@ def amdahl(serial: float, per_worker: float = 0.0):
 
 @st.composite
 def goodput_cases(draw, max_jobs=10):
-    n_hosts = draw(st.integers(1, 5))
-    hosts = {f"h{k}": draw(st.integers(0, 8)) for k in range(n_hosts)}
-    free = dict(hosts)
-    jobs = []
-    for job_id in range(draw(st.integers(1, max_jobs))):
-        max_workers = draw(st.integers(1, 16))
-        placement = {}
-        if draw(st.booleans()):
-            for host in sorted(free):
-                n = draw(st.integers(0, min(free[host], max_workers)))
-                if n:
-                    placement[host] = n
-                    free[host] -= n
-        rate = amdahl(draw(st.floats(0.0, 0.9)), draw(st.floats(0.0, 0.2)))
-        jobs.append(JobDemand(
-            job_id=job_id, priority=draw(st.sampled_from([1, 100, 5000, 10000])),
-            max_workers=max_workers, submitted=float(draw(st.integers(0, 3))),
-            placement=placement, running=bool(placement),
-            rate=rate if draw(st.booleans()) else None,
-            remaining=draw(st.one_of(st.none(), st.floats(1.0, 1e6))),
-        ))
-    return hosts, jobs, draw(st.booleans())
+    """``test_policy``'s clusters, each job with a throughput curve (or none: linear) and
+    remaining work (or unknown)."""
+    hosts, jobs, _, preemption = draw(clusters(max_jobs=max_jobs))
+    jobs = [replace(
+        j, rate=amdahl(draw(st.floats(0.0, 0.9)), draw(st.floats(0.0, 0.2)))
+        if draw(st.booleans()) else None,
+        remaining=draw(st.one_of(st.none(), st.floats(1.0, 1e6)))) for j in jobs]
+    return hosts, jobs, preemption
 
 
 @PROPERTY_SETTINGS
