@@ -107,6 +107,7 @@ def as_fabric() -> None:
     import torch
     from torch.nn import functional as F
 
+    from bench import pacing
     from bench.gate import GATE, GateCallback
     from bench.profiling import ProfileCallback
     from runtime import FabricModel
@@ -121,6 +122,9 @@ def as_fabric() -> None:
     callbacks = [ProfileCallback()] if os.environ.get("BENCH_PROFILE") else []
     # bench/gpu.py's throughput part: pauses between windows of steps, as its harness says.
     callbacks += [GateCallback()] if os.environ.get(GATE) else []
+    # bench/cluster_real.py's jobs: a device's compute emulated by waiting (bench/pacing.py).
+    model, pauses = pacing.from_env(model)
+    callbacks += pauses
     fm = FabricModel(model, lambda: (data, None), F.cross_entropy, optimizer, **precision,
                      user_callback=callbacks)
     fm.train(int(os.environ["BENCH_EPOCHS"]), batch, int(os.environ["BENCH_ENGINES"]),
