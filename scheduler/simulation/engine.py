@@ -8,6 +8,8 @@ to event (an arrival, a completion, the scheduler's timer) instead of ticking:
   workers and, for ``goodput``, a throughput model fitted to what it has measured so far.
 - A job whose slot count changes pauses for the rescale's cost (``Costs``: grow, shrink, first
   start), then trains at the speed of its new shape, ``AppTrace.step_time(n, hosts, batch)``.
+- Several instance groups (``SimJob.group``) divide the hosts first, by their weights
+  (``scheduler.groups.divide``, as the service does), then each group's jobs share its slots.
 - A job measures its speed at each shape it trains at (an ``Observation``, as its step reports
   do in the product) once it has trained there for ``MEASURE_S``.
 - It finishes when it has made its ``steps_to_target(batch)`` steps.
@@ -23,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from scheduler.groups import GroupDemand, divide
 from scheduler.placement import place
 from scheduler.policy import JobDemand, allocate
 from scheduler.throughput import Observation, fit
@@ -38,11 +41,19 @@ EPS = 1e-9
 class Costs:
     """Seconds a job does not train when its size changes. Defaults: ``bench/elastic_e2e.py``
     on 2 hosts x 2 CPU slots (bench/results/2026-11-24-elastic-e2e.md, p95): a grow 0.503 s,
-    a shrink 0.163 s, a new job from the decision to training 1.907 s."""
+    a shrink 0.163 s, a new job from the decision to training 1.907 s.
+
+    Two more, measured by ``bench/cluster_real.py`` (0 by default): ``finish_s``, from a
+    job's last step to its end, while it still holds its slots (the driver saves the model
+    and exits, the agent records FINISHED); ``handoff_s``, what a job that starts or grows
+    on slots the same decision reclaims from another job waits first (the holder's worker
+    leaves at its step's end, its agent confirms, the next cycle grants the slot)."""
 
     grow_s: float = 0.503
     shrink_s: float = 0.163
     start_s: float = 1.907
+    finish_s: float = 0.0
+    handoff_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,8 @@ class _Running:
     rescales: int = 0
     # Slot-seconds held so far (a slot held during a rescale's pause counts: it is taken).
     slot_s: float = 0.0
+    # When it ends, once its last step is done (``Costs.finish_s`` after it).
+    ends_at: float | None = None
 
     @property
     def n(self) -> int:
@@ -118,7 +131,11 @@ class Simulator:
     """One policy on one cluster over one workload."""
 
     def __init__(self, hosts: dict[str, int], apps: dict[str, AppTrace], policy: str,
-                 costs: Costs = Costs(), interval_s: float = 60.0) -> None:
+                 costs: Costs = Costs(), interval_s: float = 60.0,
+                 weights: dict[str, int] | None = None) -> None:
+        """``weights``: each instance group's share weight (``SimJob.group``; 1 if absent)
+        when several groups share the hosts."""
+        self.weights = weights or {}
         self.hosts = hosts
         self.apps = apps
         self.policy = policy
@@ -159,6 +176,8 @@ class Simulator:
         return nxt
 
     def _finish_time(self, r: _Running, now: float) -> float:
+        if r.ends_at is not None:
+            return max(now, r.ends_at)
         speed = r.speed()
         if not speed:
             return math.inf
@@ -167,6 +186,10 @@ class Simulator:
     def _train(self, r: _Running, start: float, end: float, state: _State) -> None:
         state.slot_seconds += r.n * (end - start)
         r.slot_s += r.n * (end - start)
+        if r.ends_at is not None:
+            if end >= r.ends_at - EPS:
+                self._end(r, r.ends_at, state)
+            return
         begin = max(start, r.paused_until)
         if end <= begin or not r.n:
             return
@@ -175,9 +198,15 @@ class Simulator:
         if shape not in r.seen and end - r.shape_since >= MEASURE_S:
             r.seen[shape] = r.job.batch * r.speed()
         if r.steps_left <= EPS * max(1.0, r.app.steps_to_target(r.job.batch)):
-            r.finished = end
-            state.active.remove(r)
-            state.done.append(r)
+            r.ends_at = end + self.costs.finish_s
+            if end >= r.ends_at - EPS:
+                self._end(r, end, state)
+
+    @staticmethod
+    def _end(r: _Running, when: float, state: _State) -> None:
+        r.finished = when
+        state.active.remove(r)
+        state.done.append(r)
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -189,13 +218,42 @@ class Simulator:
         if self.policy == "fixed":
             targets = self._fixed(state)
         else:
-            decision = allocate(self.hosts, [self._demand(r) for r in state.active],
-                                self.policy)
-            targets = {r.index: decision.placements[r.index] for r in state.active}
+            targets = {}
+            for group, hosts in self._shares(state).items():
+                members = [r for r in state.active if r.job.group == group]
+                decision = allocate(hosts, [self._demand(r) for r in members], self.policy)
+                targets.update({r.index: decision.placements[r.index] for r in members})
         state.decision_s += time.perf_counter() - started
         state.decisions += 1
+        # Slots no job holds go first; a job that needs more waits for reclaimed ones.
+        free = self.total - sum(r.n for r in state.active)
         for r in state.active:
-            self._apply(r, targets.get(r.index, r.placement), now)
+            target = targets.get(r.index, r.placement)
+            gain = sum(target.values()) - r.n
+            waits = gain > free
+            free -= min(max(gain, 0), free)
+            self._apply(r, target, now)
+            if waits and self.costs.handoff_s:
+                r.paused_until += self.costs.handoff_s
+                r.shape_since = r.paused_until
+
+    def _shares(self, state: _State) -> dict[str, dict[str, int]]:
+        """The hosts' slots each instance group with jobs may use (``scheduler.groups``, as
+        the service divides them): every group here may use every host."""
+        groups = sorted({r.job.group for r in state.active})
+        if len(groups) == 1:
+            return {groups[0]: self.hosts}
+        demands = []
+        for group in groups:
+            held: dict[str, int] = {}
+            members = [r for r in state.active if r.job.group == group]
+            for r in members:
+                for h, c in r.placement.items():
+                    held[h] = held.get(h, 0) + c
+            demands.append(GroupDemand(
+                group, self.hosts, self.weights.get(group, 1),
+                demand=sum(r.job.max_workers for r in members), held=held))
+        return {g: share.slots for g, share in divide(self.hosts, demands).items()}
 
     def _demand(self, r: _Running) -> JobDemand:
         rate = None
@@ -205,7 +263,9 @@ class Simulator:
         return JobDemand(job_id=r.index, priority=r.job.priority, max_workers=r.job.max_workers,
                          submitted=r.job.arrival, placement=dict(r.placement),
                          running=r.started is not None, rate=rate,
-                         remaining=r.steps_left * r.job.batch if rate else None,
+                         # Never below 0 (as scheduler.measured's): a job past its last
+                         # step, ending (Costs.finish_s), has a float's rounding left.
+                         remaining=max(r.steps_left, 0.0) * r.job.batch if rate else None,
                          history=(self.now - r.job.arrival, r.slot_s) if rate else None)
 
     def _fixed(self, state: _State) -> dict[int, dict[str, int]]:
