@@ -83,7 +83,9 @@ def weights(
         if past and share and past[0] > BEHIND_AFTER_S:
             age, held = past
             out[i] *= max(1.0, age * share / max(held, 1e-9)) ** BEHIND
-    times = [left / rate(max(share, 1)) if left else None
+    # Only a positive time left counts (a job in its last instant, or a bad report, is not
+    # weighed by it: a power of a negative number is not a weight).
+    times = [left / rate(max(share, 1)) if left and left > 0 else None
              for left, rate, share in zip(remaining, rates, fair, strict=True)]
     known = sorted(t for t in times if t)
     if not known or not URGENCY:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 import redis
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.models import JobMetric
+from jobs.models import JobMetric, TrainingJob
 from scheduler.measured import models, observations
 from scheduler.service import SchedulerService
 from scheduler.tests.test_service import RecordingExecutor, confirm_left, submit
@@ -65,13 +66,30 @@ def test_it_reads_the_median_throughput_at_each_size_a_job_reported(owner, model
     report(job, 4, 380.0)
     JobMetric.objects.create(job=job, kind=JobMetric.Kind.TRAIN, workers=4,
                              values={"samples_per_s": "fast"})  # not a number: ignored
-    seen = observations([job.pk], timezone.now(), slots_per_host=4)[job.pk]
+    seen = observations([job.pk], timezone.now(), slots_per_host=4)[0][job.pk]
     assert [(o.workers, o.hosts, o.samples_per_s) for o in seen] == [(1, 1, 100.0),
                                                                       (4, 1, 380.0)]
     learned = models([job], timezone.now(), 4)[job.pk]
     assert learned.rate.rate(4) == pytest.approx(380.0, rel=0.05)
-    assert learned.remaining is None  # no epoch done yet
+    assert learned.remaining is None  # not started
     assert learned.history[1] == 0.0  # no slot held yet
+
+
+@pytest.mark.django_db
+def test_it_knows_the_work_left_from_the_first_report(owner, model_def, cluster):
+    """Steps done of all the epochs' steps, at the pace so far: 5 of 2 x 10 steps in 100 s
+    leave 300 s, at its current 380 samples/s."""
+    job = submit(owner, model_def, cluster, max_workers=8)
+    now = timezone.now()
+    TrainingJob.objects.filter(pk=job.pk).update(started=now - timedelta(seconds=99),
+                                                 epochs=2)
+    job.refresh_from_db()
+    report(job, 1, 100.0)
+    JobMetric.objects.create(job=job, kind=JobMetric.Kind.TRAIN, epoch=0, iteration=5,
+                             workers=4, values={"samples_per_s": 380.0, "steps_per_epoch": 10},
+                             ts=now + timedelta(seconds=1))  # the newest report
+    learned = models([job], now + timedelta(seconds=1), 4)[job.pk]
+    assert learned.remaining == pytest.approx(300 * 380.0)
 
 
 @pytest.mark.django_db
