@@ -102,6 +102,19 @@ def test_elastic_e2e_bench_ends_agents_scheduler_and_jobs_on_sigterm(bench, tmp_
 
 
 @pytest.mark.slow
+def test_cluster_real_bench_ends_agents_scheduler_and_jobs_on_sigterm(bench, tmp_path,
+                                                                      needs_redis):
+    run = bench("cluster_real.py", "--quick")
+    # Its first measuring job training (its step log has lines): the agent, the scheduler,
+    # the event consumer and the job's driver and worker are all up.
+    run.wait_until(lambda r: r.count("run_host_agent") >= 1 and r.count("run_events") >= 1
+                   and any(p.stat().st_size for p in
+                           tmp_path.glob("edt-bench-cluster-real-*/*.steps.jsonl")),
+                   "the agent, the scheduler and a job training", 300)
+    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+
+
+@pytest.mark.slow
 def test_live_bench_ends_the_web_server_and_the_event_consumer_on_sigterm(bench, needs_redis):
     run = bench("live.py", "--clients", "2", "--events", "5000", "--rate", "10")
     run.wait_until(lambda r: r.count("config.web_server") >= 1 and r.count("run_events") >= 1,
