@@ -150,6 +150,8 @@ def print_tables(results, workloads, policies, paper, figures, decide) -> None:
                       f"{f['rescales_per_job']:.1f}", f"{f['decision_ms_mean']:.2f}"]
                      for p, f in figures.items()]
     print(table(aligned(rows), "per policy, averaged over the workloads"))
+    if not decide:
+        return
     print()
     print(table(aligned([["policy", "decision ms"],
                          *([p, f"{ms:.0f}"] for p, ms in decide.items())]),
@@ -183,6 +185,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--grow-s", type=float, default=Costs.grow_s)
     parser.add_argument("--shrink-s", type=float, default=Costs.shrink_s)
     parser.add_argument("--start-s", type=float, default=Costs.start_s)
+    # Measured by bench/cluster_real.py (bench/results/2026-11-29-cluster-real.md).
+    parser.add_argument("--finish-s", type=float, default=0.91,
+                        help="a job holds its slots this long after its last step")
+    parser.add_argument("--handoff-s", type=float, default=0.5,
+                        help="a start or grow on slots the same decision reclaims waits this")
     parser.add_argument("--scale", default="10000x1000",
                         help="JOBSxHOSTS for the decision time (8 slots per host); 0 skips it")
     parser.add_argument("--skip-real", action="store_true",
@@ -192,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     harness.install()  # the pool's processes (and the real run's) end with the bench
     workloads = args.workloads.split(",")
     policies = tuple(args.policies.split(","))
-    costs = Costs(args.grow_s, args.shrink_s, args.start_s)
+    costs = Costs(args.grow_s, args.shrink_s, args.start_s, args.finish_s, args.handoff_s)
     started = time.perf_counter()
     results = run_all(args.data, args.max_workers, costs, args.interval, workloads, policies,
                       args.workers)
@@ -209,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.skip_real:
         from bench import cluster_real
 
-        real = cluster_real.validate(print)
+        real = cluster_real.validate(print, policies=("fairshare", "goodput"))
     out = result_line(figures, decide, real)
     print_result(out)
     return out

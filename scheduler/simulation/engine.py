@@ -265,7 +265,10 @@ class Simulator:
                          running=r.started is not None, rate=rate,
                          # Never below 0 (as scheduler.measured's): a job past its last
                          # step, ending (Costs.finish_s), has a float's rounding left.
-                         remaining=max(r.steps_left, 0.0) * r.job.batch if rate else None,
+                         # As in the product, the work left is known from the job's first
+                         # step report (scheduler.measured), not before.
+                         remaining=(max(r.steps_left, 0.0) * r.job.batch
+                                    if rate and r.seen else None),
                          history=(self.now - r.job.arrival, r.slot_s) if rate else None)
 
     def _fixed(self, state: _State) -> dict[int, dict[str, int]]:
