@@ -28,3 +28,19 @@ def write_mnist(root: Path, train: int = 256, test: int = 64, seed: int = 7) -> 
                                    + pixels.tobytes())
         (raw / labels).write_bytes(struct.pack(">II", 0x0801, count) + digits.tobytes())
     return raw
+
+
+def write_mnist_npz(folder: Path, train: int = 64, test: int = 16, seed: int = 7) -> Path:
+    """``folder/mnist.npz`` as Keras keeps MNIST (``x_train``, ``y_train``, ``x_test``,
+    ``y_test``; uint8 28x28 images, uint8 labels), filled with synthetic digits. A model that
+    reads it with ``np.load`` reads it unchanged; ``tf.keras.datasets.mnist.load_data(path=)``
+    does not accept it: that call checks the real file's sha256 (docs/coming-from-wmla.md)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for part, count in (("train", train), ("test", test)):
+        arrays[f"x_{part}"] = rng.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
+        arrays[f"y_{part}"] = rng.integers(0, 10, size=count, dtype=np.uint8)
+    path = folder / "mnist.npz"
+    np.savez(path, **arrays)
+    return path

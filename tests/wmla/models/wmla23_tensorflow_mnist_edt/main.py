@@ -10,8 +10,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.keras.preprocessing.image import ImageDataGenerator
 
-from edtcallback import EDTLoggerCallback
+# In IBM's order: fabric_model first, which makes the product's callbacks, elog and emetrics
+# importable for edtcallback when the folder runs standalone (python main.py).
 from fabric_model import FabricModel
+from edtcallback import EDTLoggerCallback
 
 parser = argparse.ArgumentParser(description="Tensorflow MNIST Example")
 parser.add_argument("--batch-size", type=int, default=16)
