@@ -169,6 +169,10 @@ def result_line(figures, decide, real) -> dict[str, Any]:
     if good and fixed:
         out["goodput_vs_fixed"] = round(good["jct_mean_s"] / fixed["jct_mean_s"], 3)
     out["sim_vs_real_max_err"] = real.get("sim_vs_real_max_err") if real else None
+    for policy in ("fairshare", "goodput"):
+        key = f"sim_vs_real_max_err_{policy}"
+        if real and key in real:
+            out[key] = real[key]
     out["decision_ms_10000x1000"] = round(max(decide.values()), 1) if decide else None
     return out
 
@@ -217,6 +221,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from bench import cluster_real
 
         real = cluster_real.validate(print, policies=("fairshare", "goodput"))
+        print()
+        print(cluster_real.report(real))
     out = result_line(figures, decide, real)
     print_result(out)
     return out

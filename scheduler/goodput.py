@@ -51,18 +51,18 @@ def linear(n: int) -> float:
 
 # How much a job's nearness to its end weighs: each job's weight is multiplied by
 # (median time left / its time left) ** URGENCY, its time left being the samples it has left
-# at its fair share's throughput. 0: throughput alone; 1: strongly shortest-first. Half-way
-# brings completions forward without starving long jobs (they keep their lower bound); on the
-# Pollux workloads 0.5 did best of 0, 0.35, 0.5, 0.65, 1 and 2 (docs/scheduling.md).
-URGENCY = 0.5
+# at its fair share's throughput. 0: throughput alone; 1: strongly shortest-first. With BEHIND
+# below, 0.35 did best on the 8 Pollux workloads (bench/cluster.py): mean completion time
+# 0.88 x fair share's with its p99 and p99 finish-time fairness no worse; 0.5 gave 0.87 but a
+# p99 finish-time fairness 4-12% worse than fair share's (docs/scheduling.md).
+URGENCY = 0.35
 
 
 # How much a job that has had less than its fair share of slot-time so far weighs more: its
 # weight is multiplied by (its age x its fair share / the slot-seconds it has held) ** BEHIND
 # (at least 1): least attained service, as Tiresias and Themis use, so that a job held at its
-# lower bound, or kept waiting, catches up. On the 8 Pollux workloads 0.5 did best of 0,
-# 0.5, 1 and 2 (mean JCT 0.87 x fair share's; p99 finish-time fairness within 3% of it).
-BEHIND = 0.5
+# lower bound, or kept waiting, catches up (0, 0.5, 1 and 2 tried; 1 with URGENCY 0.35).
+BEHIND = 1.0
 # A job younger than this has not had time to fall behind.
 BEHIND_AFTER_S = 60.0
 
