@@ -148,11 +148,13 @@ def _wait_for_the_host(base: str, output) -> str:
     while not hosts:
         assert time.monotonic() < deadline, "no host registered in 90 s:\n" + output()
         try:
-            token = requests.post(f"{base}/api/v1/auth/token/", timeout=5, data={
+            token = requests.post(f"{base}/api/v1/auth/token/", timeout=15, data={
                 "username": "admin", "password": "newcomer-pass-1"}).json()["token"]
-            hosts = requests.get(f"{base}/api/v1/hosts/", timeout=5, headers={
+            hosts = requests.get(f"{base}/api/v1/hosts/", timeout=15, headers={
                 "Authorization": f"Token {token}"}).json()["results"]
-        except (requests.ConnectionError, KeyError):
+        except (requests.ConnectionError, requests.Timeout, KeyError):
+            # Not up yet, or slow to answer on a loaded machine (the password's hash takes a
+            # CPU second): tried again until the deadline.
             pass
         if not hosts:
             time.sleep(0.5)

@@ -70,7 +70,7 @@ def _job_env(folder: Path, result: Path) -> dict[str, str]:
 
     job = SimpleNamespace(pk=14, result_dir=str(result), dataset=None, env_vars={},
                           max_workers=1, hyper_parameters={},
-                          model=SimpleNamespace(location=str(folder)),
+                          model=SimpleNamespace(location=str(folder), framework="PyTorch"),
                           instance_group=SimpleNamespace(keep_epoch_models=5, keep_best_by=""))
     return build_env(job, "standalone")  # type: ignore[arg-type]
 

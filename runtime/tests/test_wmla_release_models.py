@@ -161,7 +161,7 @@ def test_folders_run_in_the_agents_job_environment(folder: str, main: str, own_e
     settings.EDT_FABRIC_HOME = str(tmp_path / "fabric")  # type: ignore[attr-defined]
     job = SimpleNamespace(pk=14, result_dir=str(tmp_path / "result"), dataset=None,
                           env_vars={}, max_workers=1, hyper_parameters={},
-                          model=SimpleNamespace(location=str(MODELS / folder)),
+                          model=SimpleNamespace(location=str(MODELS / folder), framework="PyTorch"),
                           instance_group=SimpleNamespace(keep_epoch_models=5, keep_best_by=""))
     env = build_env(job, "standalone")  # type: ignore[arg-type]
     args = ARGS if main == "elastic-main.py" else []

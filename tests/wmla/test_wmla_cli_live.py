@@ -18,7 +18,7 @@ def test_the_cli_drives_an_exec_end_to_end(dlicmd, wmla_model_dir):
     assert oct(dlicmd.token_file.stat().st_mode & 0o777) == "0o600"
 
     frameworks = dlicmd("--dl-frameworks", "-o", "json")
-    assert [f["name"] for f in json.loads(frameworks.stdout)] == ["edtPyTorch"]
+    assert [f["name"] for f in json.loads(frameworks.stdout)] == ["edtPyTorch", "edtTensorflow"]
 
     started = dlicmd(
         "--exec-start", "edtPyTorch", "--ig", "sig-elastic", "--model-dir", str(wmla_model_dir),
