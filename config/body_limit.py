@@ -30,9 +30,11 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Message, Receive, Send], Awaitable[None]]
 
-# The views that take a file: the console's dataset and model forms, the API's dataset upload
-# and WMLA's exec submit (dlicmd sends the model folder as a tar.gz).
-UPLOAD_VIEWS = frozenset({"dataset-new-any", "model-new", "dataset-upload", "wmla-execs"})
+# The views that take a file: the console's dataset and model forms (and the model form's
+# step-1 check, which is sent the same archive), the API's dataset upload and WMLA's exec
+# submit (dlicmd sends the model folder as a tar.gz).
+UPLOAD_VIEWS = frozenset({"dataset-new-any", "model-new", "model-check-location",
+                          "dataset-upload", "wmla-execs"})
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ async def _echo(scope, receive, send) -> None:
 
 def test_upload_views_take_the_upload_limit_and_every_other_path_the_small_one():
     small, upload = settings.EDT_MAX_REQUEST_BYTES, settings.EDT_MAX_UPLOAD_BYTES
-    for path in ("/datasets/new/any/", "/models/new/", "/api/v1/datasets/upload/",
+    for path in ("/datasets/new/any/", "/models/new/", "/models/check-location/",
+                 "/api/v1/datasets/upload/",
                  "/platform/rest/deeplearning/v1/execs/", "/platform/rest/deeplearning/v1/execs"):
         assert limit_for(path) == Limit(upload + small, "EDT_MAX_UPLOAD_BYTES", upload), path
     for path in ("/login/", "/api/v1/jobs/", "/auth/v1/logon", "/models/1/edit/", "/nowhere"):
