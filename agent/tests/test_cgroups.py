@@ -14,8 +14,11 @@ import pytest
 from agent import cgroups
 
 # Leaves its process group and session, then sleeps: only its cgroup still holds it.
+# Forks only when told on stdin: the test puts it in the group first (the shim's order), and a
+# fork before that write would leave the survivor outside the group.
 LEAVER = """
 import os, sys, time
+sys.stdin.readline()
 r, w = os.pipe()
 if os.fork() == 0:
     os.setsid()
@@ -57,11 +60,13 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_killing_a_group_ends_a_process_that_left_its_session(host_groups):
     group = cgroups.create(f"job-t{os.getpid()}/slot-1", cgroups.Limits(256 << 20, 64, 100))
-    proc = subprocess.Popen([sys.executable, "-c", LEAVER], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", LEAVER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     try:
-        # Put in the group before it forks: the shim's order (here the child is slower than
-        # this write; the survivor's pid below proves it forked inside).
+        # Put in the group before it forks, the shim's order; then let it fork.
         group.add(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
         survivor = int(proc.stdout.readline())
         assert survivor in group.pids() and os.getsid(survivor) != os.getsid(proc.pid)
         assert group.kill(), f"left in the group: {group.pids()}"

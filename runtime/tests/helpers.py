@@ -47,7 +47,23 @@ def wait_for_step(result_dir: Path, pred: Callable[[dict], bool], what: str,
 
 
 def wait_for_joiners(job: LocalJob, n: int) -> None:
-    wait_until(lambda: len(job.status()["joining"]) >= n, f"{n} joiners")
+    wait_until(lambda: len(job.status()["joining"]) >= n, f"{n} joiners",
+               on_fail=lambda: job_account(job))
+
+
+def job_account(job: LocalJob) -> str:
+    """What a failed wait prints: the driver's view, each process's exit code and log tail."""
+    try:
+        view = json.dumps(job.status())
+    except Exception as err:  # noqa: BLE001 - the account of a failure must not fail
+        view = f"(no status: {err})"
+    result_dir = Path(job.base_env.get("RESULT_DIR", job._tmp))
+    lines = [f"driver status: {view}"]
+    for name, proc in [("driver", job.driver), *job.workers.items()]:
+        log = result_dir / "log" / name / "stdout"
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+        lines.append(f"--- {name} (exit {proc.poll() if proc else None}):\n{tail}")
+    return "\n".join(lines)
 
 
 def run_standalone(

@@ -80,13 +80,29 @@ def _rss(pid: int) -> int:
         current = todo.pop()
         try:
             status = Path(f"/proc/{current}/status").read_text()
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError):
-            continue
+            continue  # the process ended
         match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
         total += int(match.group(1)) * 1024 if match else 0
+        todo += _children(current)
     return total
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid``. A server's threads come and go while this
+    reads: one that ends between the listing and its read is skipped, not the process (its
+    memory was counted as nothing, once, and a base of 0 failed the test)."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except (FileNotFoundError, ProcessLookupError):
+        return found
+    for task in tasks:
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
 
 
 class Sampler(threading.Thread):

@@ -634,8 +634,11 @@ def test_no_template_inlines_code_the_policy_would_block():
 
 # --- Channels groups after a consumer dies ------------------------------------------------------
 
+# A consumer in a process of its own. SIGUSR1 prints where its threads are (the test sends it
+# before giving up on the process, so a hang names its line).
 CONSUMER_SCRIPT = """
-import asyncio, os, sys
+import asyncio, faulthandler, os, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 import django
 django.setup()
 from channels.db import database_sync_to_async
@@ -648,10 +651,11 @@ async def main(user_id, job_id):
     ws = WebsocketCommunicator(JobConsumer.as_asgi(), f"/ws/jobs/{job_id}/")
     ws.scope["user"] = user
     ws.scope["url_route"] = {"kwargs": {"job_id": job_id}}
-    connected, _ = await ws.connect()
+    connected, _ = await ws.connect(timeout=CONNECT_S)
     print("connected" if connected else "refused", flush=True)
     await asyncio.sleep(600)
 
+CONNECT_S = 30  # the communicator's default, 1 s, is too short on a loaded machine
 asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
 """
 
@@ -709,6 +713,11 @@ def _wait_for_line(proc: subprocess.Popen, wanted: str, timeout_s: float) -> Non
         if line.strip() == wanted:
             return
         seen.append(line)
+    if proc.poll() is None:  # still running: where is it stuck?
+        os.kill(proc.pid, signal.SIGUSR1)
+        ready, _, _ = select.select([proc.stdout], [], [], 5)
+        if ready:
+            seen.append(os.read(proc.stdout.fileno(), 64 * 1024).decode(errors="replace"))
     raise AssertionError(f"the consumer process never said {wanted!r}:\n{''.join(seen)[-3000:]}")
 
 
@@ -724,7 +733,7 @@ async def _live_consumer_outlives_the_dead_one(proc, job, owner, expiry: int) ->
     ws = WebsocketCommunicator(JobConsumer.as_asgi(), f"/ws/jobs/{job.pk}/")
     ws.scope["user"] = owner
     ws.scope["url_route"] = {"kwargs": {"job_id": job.pk}}
-    assert (await ws.connect())[0]
+    assert (await ws.connect(timeout=30))[0]
     connection = layer.connection(layer.consistent_hash(group))
     key = layer._group_key(group)
     assert await connection.zcard(key) == 2  # the live consumer and the one in the process
