@@ -21,28 +21,26 @@ generation, as for PyTorch.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
-import time
 import traceback
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import allocator, context, events
-from .callbacks import UserCallbacks, call, log_metrics
+from . import events
+from .callbacks import UserCallbacks, log_metrics
 from .config import JobEnv
 from .data import Batches, load_datasets
 from .errors import PeerFailure, UserCodeError
 from .keras_model import KerasModel, KerasState
-from .membership import Group, membership_for
+from .membership import membership_for
 from .metrics import StepStats
 from .process_group import all_reduce_cpu
 from .randomness import Randomness
 from .sampler import ElasticSampler, shard
+from .step_loop import StepLoop, run_loop
 
 CPU = torch.device("cpu")
 
@@ -113,41 +111,20 @@ def _stack(items: tuple[Any, ...]) -> Any:
     return np.stack([np.asarray(it) for it in items])
 
 
-class KerasTrainer:
-    """One process's training of a Keras model: epochs of steps, validation, results."""
+class KerasTrainer(StepLoop):
+    """The training loop of one process (:class:`~runtime.step_loop.StepLoop`) for a Keras
+    model: TensorFlow computes the micro-batches, one all-reduce sums them."""
 
     def __init__(self, fm: Any, cfg: dict[str, Any], env: JobEnv) -> None:
-        self.fm, self.cfg, self.env = fm, cfg, env
+        super().__init__(fm, cfg, env)
         self.km = KerasModel(fm)
         self.state = KerasState(self.km)
         self.randomness = Randomness(env.seed, CPU)
-        self.worker_logger: Any = fm.worker_logger_callback
-        self.worker_iterations = 0
-        self._step_file: Any = None
-        self._epoch_started: int | None = None
-        self._epoch_t0 = time.monotonic()
         self.members = membership_for(env, self.state, env.backend or "gloo",
                                       fm.driver_logger_callback)
         print(f"[edt] worker {env.worker_id or 'local'} trains a Keras model "
               f"({self.km.keras.__name__} {self.km.keras.__version__}) on the CPU, backend gloo",
               file=sys.stderr, flush=True)
-
-    @property
-    def pos(self) -> Any:
-        return self.state.pos
-
-    @property
-    def group(self) -> Group:
-        return self.members.group
-
-    def run(self) -> None:
-        self._prepare()
-        self.members.start(on_regroup=self._regrouped)
-        self.callbacks.fire("on_train_begin")
-        call(self.worker_logger, "on_train_begin")
-        self.members.train_begin()
-        self._loop()
-        self._finish()
 
     def _prepare(self) -> None:
         fm, cfg = self.fm, self.cfg
@@ -160,74 +137,27 @@ class KerasTrainer:
                                cfg["num_dataloader_threads"], CPU, self.randomness)
         x, _ = self.batches.split(self.batches.collate([self.train_ds[0]]))
         self.km.build(x)
-        self.n_stats = len(StepStats(len(self.km.metric_fns)))
+        self.metric_names = self.km.metric_names
         self.callbacks = UserCallbacks(
             fm.user_callbacks, self.km.model,
             {"optimizer": self.km.optimizer, "epochs": cfg["epochs"],
              "batch_size": cfg["batch_size"], "steps": self.steps})
 
-    def _regrouped(self) -> None:
-        self.batches.forget()
-        if self.pos.step > 0:
-            self._epoch_started = self.pos.epoch
-        g = self.group
-        context.update(rank=g.rank, world_size=g.world, generation=g.generation,
-                       worker_id=self.members.worker_id, epoch=self.pos.epoch,
-                       iteration=self.pos.step)
-
-    def _loop(self) -> None:
-        while self.pos.epoch < self.cfg["epochs"]:
-            self.members.check()
-            try:
-                change = self._advance()
-            except PeerFailure as exc:
-                print(f"[edt] generation {self.group.generation} failed ({exc}); re-forming",
-                      file=sys.stderr, flush=True)
-                self.members.regroup(failed=True)
-                continue
-            if change:
-                self.members.regroup(failed=False)
-
-    def _advance(self) -> bool:
-        if self.pos.step >= self.steps:
-            self._end_epoch()
-            return False
-        if self.pos.step == 0 and self._epoch_started != self.pos.epoch:
-            self._epoch_started = self.pos.epoch
-            self._epoch_t0 = time.monotonic()
-            self.callbacks.fire("on_epoch_begin", self.pos.epoch)
-        return self._train_step()
-
     # -- a step -----------------------------------------------------------------------
-    def _train_step(self) -> bool:
-        t0, self._step_wall = time.monotonic(), time.time()
-        epoch, step, g = self.pos.epoch, self.pos.step, self.group
-        context.update(epoch=epoch, iteration=step)
-        futures = self.batches.step(epoch, step, g.rank, g.world)
-        self.callbacks.fire("on_batch_begin", step)
+    def _sums(self, epoch: int, step: int, futures: list[Any]) -> tuple[StepStats, StepStats]:
         stats = StepStats(len(self.km.metric_fns))
         grads = self._compute(epoch, step, futures, stats)
         if self.members.change_pending():
             stats.raise_change()
         local = StepStats(len(self.km.metric_fns))
         local.values = list(stats.values)
-        if g.world > 1:
+        if self.group.world > 1:
             payload = torch.from_numpy(np.concatenate([grads, stats.sums().numpy()]))
             all_reduce_cpu(payload, CPU)  # PeerFailure here: nothing applied, redone
             stats.load(payload[grads.size:])
             grads = payload[: grads.size].numpy()
         self._apply(grads, epoch, step)
-        loss = stats.loss()
-        if not math.isfinite(loss):
-            raise UserCodeError(f"loss is {loss} at epoch {epoch} iteration {step + 1}")
-        self.pos.step += 1
-        self.pos.global_step += 1
-        self.pos.samples_seen += stats.samples
-        self.worker_iterations += 1
-        metrics = stats.means(self.km.metric_names)
-        self._log_step(t0, epoch, step, local, stats, metrics)
-        self.callbacks.fire("on_batch_end", step, metrics)
-        return stats.changed
+        return stats, local
 
     def _compute(self, epoch: int, step: int, futures: list[Any],
                  stats: StepStats) -> np.ndarray:
@@ -257,52 +187,7 @@ class KerasTrainer:
             raise UserCodeError(f"the optimizer's step raised {type(exc).__name__}: {exc} "
                                 f"(epoch {epoch} iteration {step + 1})") from exc
 
-    def _log_step(self, t0: float, epoch: int, step: int, local: StepStats, stats: StepStats,
-                  metrics: dict[str, float]) -> None:
-        g = self.group
-        if local.samples > 0 and self.worker_logger is not None:
-            log_metrics(self.worker_logger, "log_train_metrics",
-                        local.means(self.km.metric_names), self.worker_iterations, epoch, g.world)
-        if g.rank != 0:
-            return
-        n = stats.samples
-        self.members.report({
-            "kind": "train", "epoch": epoch, "iteration": step + 1,
-            "steps_per_epoch": self.steps, "global_step": self.pos.global_step,
-            "metrics": metrics, "samples": n,
-            "samples_per_s": n / max(time.monotonic() - t0, 1e-9), "workers": g.world,
-        })
-        self._write_step(epoch, step, n, stats.index_sum, stats.loss())
-
-    def _write_step(self, epoch: int, step: int, n: int, index_sum: int, loss: float) -> None:
-        if not self.env.step_log:
-            return
-        g = self.group
-        line = {"epoch": epoch, "batch": step, "rank": g.rank, "size": g.world,
-                "generation": g.generation, "global_step": self.pos.global_step,
-                "samples": n, "index_sum": index_sum, "loss": loss,
-                "worker_id": self.members.worker_id, "ts_start": self._step_wall,
-                "ts": time.time()}
-        if self._step_file is None:
-            self._step_file = open(self.env.step_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-        self._step_file.write(json.dumps(line) + "\n")
-
-    # -- the end of an epoch, and of training --------------------------------------------
-    def _end_epoch(self) -> None:
-        epoch = self.pos.epoch
-        test = self._validate(epoch) if self._validates(epoch) else None
-        self.pos.epoch += 1
-        self.pos.step = 0
-        self.pos.samples_seen = 0
-        if self.group.rank == 0:
-            self._report_epoch(epoch, test)
-        self.callbacks.fire("on_epoch_end", epoch, dict(test[0]) if test else {})
-
-    def _validates(self, epoch: int) -> bool:
-        freq = self.cfg["validation_freq"]
-        return bool(freq and self.test_ds is not None and len(self.test_ds) and (
-            (epoch + 1) % freq == 0 or epoch + 1 == self.cfg["epochs"]))
-
+    # -- the framework's part of an epoch's end, and of training ------------------------
     def _validate(self, epoch: int) -> tuple[dict[str, float], int]:
         """Each member evaluates its shard of the test set; the sums are all-reduced."""
         g = self.group
@@ -330,17 +215,6 @@ class KerasTrainer:
                     epoch, g.world)
         return metrics, int(sums[0])
 
-    def _report_epoch(self, epoch: int, test: tuple[dict[str, float], int] | None) -> None:
-        if test is not None:
-            self.members.report({"kind": "test", "epoch": epoch, "metrics": test[0],
-                                 "samples": test[1]})
-        self.members.report({"kind": "epoch", "epoch": epoch, "epochs": self.cfg["epochs"],
-                             "global_step": self.pos.global_step,
-                             "duration_s": time.monotonic() - self._epoch_t0})
-        cf = self.cfg["checkpoint_freq"]
-        if cf and (epoch + 1) % cf == 0 and self.pos.epoch < self.cfg["epochs"]:
-            self.members.upload("checkpoint")
-
     def _onnx(self) -> bytes | None:
         if not self.fm.save_to_onnx:
             return None
@@ -357,16 +231,6 @@ class KerasTrainer:
             _onnx_failed(f"ONNX export failed: {type(exc).__name__}: {exc}")
             return None
 
-    def _finish(self) -> None:
-        if self.group.rank == 0:
-            self.members.upload("final")
-            onnx_bytes = self._onnx()
-            if onnx_bytes:
-                self.members.upload_onnx(onnx_bytes)
-        self.callbacks.fire("on_train_end")
-        call(self.worker_logger, "on_train_end")
-        self.members.finish()
-
 
 def _onnx_failed(message: str) -> None:
     print(f"[edt] {message}", file=sys.stderr, flush=True)
@@ -382,11 +246,5 @@ def _to_onnx(model: Any) -> bytes:
 
 def run_keras_trainer(fm: Any, cfg: dict[str, Any], env: JobEnv) -> None:
     """Run a worker or standalone training of a Keras model; exits as the role says."""
-    source = "standalone" if env.role == "standalone" else f"worker:{env.worker_id}"
-    events.configure(source=source, job_id=env.job_id, log_dir=env.log_dir)
-    if env.role == "worker":
-        events.capture_output()
-    allocator.keep_freed_memory()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    trainer = KerasTrainer(fm, cfg, env)
-    trainer.members.run(trainer.run)
+    run_loop(KerasTrainer, fm, cfg, env)

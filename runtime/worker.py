@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import math
 import os
 import sys
-import time
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -35,19 +32,20 @@ from typing import Any
 
 import torch
 
-from . import allocator, context, events
+from . import events
 from .batchnorm import RunningStats
-from .callbacks import UserCallbacks, call, log_metrics
+from .callbacks import UserCallbacks, log_metrics
 from .config import JobEnv
 from .data import Batches, load_datasets
 from .errors import PeerFailure, UserCodeError
 from .gradients import Accumulator, GradientBuckets
-from .membership import Group, membership_for
+from .membership import membership_for
 from .metrics import StepStats, accuracy, metric_name
 from .optimization import Optimization
 from .randomness import Randomness
 from .sampler import ElasticSampler
-from .state import Position, TrainingState
+from .state import TrainingState
+from .step_loop import StepLoop, run_loop
 from .validation import Evaluator
 
 
@@ -102,19 +100,14 @@ def _say_where(env: JobEnv, backend: str, device: torch.device) -> None:
           file=sys.stderr, flush=True)
 
 
-class Trainer:
-    """The training loop of one process: epochs of steps, validation, results."""
+class Trainer(StepLoop):
+    """The training loop of one process (:class:`~runtime.step_loop.StepLoop`) for a PyTorch
+    model: its micro-batches, gradient buckets, BatchNorm statistics and optimizer."""
 
     def __init__(self, fm: Any, cfg: dict[str, Any], env: JobEnv) -> None:
-        self.fm = fm
-        self.cfg = cfg
-        self.env = env
+        super().__init__(fm, cfg, env)
         self.model: torch.nn.Module = fm.model
         self.optimizer = fm.optimizer
-        self.worker_iterations = 0
-        self._epoch_started: int | None = None
-        self._epoch_t0 = time.monotonic()
-        self._step_file: Any = None
         self.backend, self.device = _backend_and_device(env)
         _say_where(env, self.backend, self.device)
         self.model.to(self.device)
@@ -126,29 +119,8 @@ class Trainer:
         self.n_stats = len(StepStats(len(self.metric_fns)))
         self.grads = GradientBuckets(self.params, self.optimizer, self.n_stats + self.running.size)
         self.grads.zero(world=1)  # no group yet
-        # None when the script gives none: the driver already logs the group's metrics, and
-        # ``call`` / ``log_metrics`` do nothing then (nor is a step's own metrics made).
-        self.worker_logger: Any = fm.worker_logger_callback
         self.state = TrainingState(self.model, self.optimizer, self.optim.stateful())
         self.members = membership_for(env, self.state, self.backend, fm.driver_logger_callback)
-
-    @property
-    def pos(self) -> Position:
-        return self.state.pos
-
-    @property
-    def group(self) -> Group:
-        return self.members.group
-
-    # -- entry ------------------------------------------------------------------------
-    def run(self) -> None:
-        self._prepare()
-        self.members.start(on_regroup=self._regrouped)
-        self.callbacks.fire("on_train_begin")
-        call(self.worker_logger, "on_train_begin")
-        self.members.train_begin()
-        self._loop()
-        self._finish()
 
     def _prepare(self) -> None:
         fm, cfg = self.fm, self.cfg
@@ -180,71 +152,27 @@ class Trainer:
                                        if isinstance(weights, dict) else weights)
 
     def _regrouped(self) -> None:
-        """A group formed (alone: the state was restored); the next step starts afresh."""
-        self.batches.forget()
+        super()._regrouped()
         self.grads.zero(self.group.world)  # buffers (or none, alone) for the new size
-        if self.pos.step > 0:
-            self._epoch_started = self.pos.epoch
-        g = self.group
-        context.update(rank=g.rank, world_size=g.world, generation=g.generation,
-                       worker_id=self.members.worker_id, epoch=self.pos.epoch,
-                       iteration=self.pos.step)
 
-    # -- the loop ---------------------------------------------------------------------
-    def _loop(self) -> None:
-        while self.pos.epoch < self.cfg["epochs"]:
-            self.members.check()
-            try:
-                change = self._advance()
-            except PeerFailure as exc:
-                print(f"[edt] generation {self.group.generation} failed ({exc}); re-forming",
-                      file=sys.stderr, flush=True)
-                self.running.rollback()
-                self.grads.zero(self.group.world)
-                self.members.regroup(failed=True)
-                continue
-            if change:
-                self.members.regroup(failed=False)
+    def _step_failed(self) -> None:
+        self.running.rollback()
+        self.grads.zero(self.group.world)
 
-    def _advance(self) -> bool:
-        """One step, or the end of the epoch; returns whether the group changes now."""
-        if self.pos.step >= self.steps:
-            self._end_epoch()
-            return False
-        if self.pos.step == 0 and self._epoch_started != self.pos.epoch:
-            self._epoch_started = self.pos.epoch
-            self._epoch_t0 = time.monotonic()
-            self.callbacks.fire("on_epoch_begin", self.pos.epoch)
-        return self._train_step()
+    def _epoch_ended(self, test: tuple[dict[str, float], int] | None) -> None:
+        self.optim.end_epoch(test[0] if test else None)
 
     # -- a step -----------------------------------------------------------------------
-    def _train_step(self) -> bool:
-        t0 = time.monotonic()
-        self._step_wall = time.time()
-        epoch, step, world = self.pos.epoch, self.pos.step, self.group.world
-        context.update(epoch=epoch, iteration=step)
-        futures = self.batches.step(epoch, step, self.group.rank, world)
-        self.callbacks.fire("on_batch_begin", step)
+    def _sums(self, epoch: int, step: int, futures: list[Future]) -> tuple[StepStats, StepStats]:
         stats, own = self._compute(epoch, step, futures)
         local = self._sum(stats, own)
         self.optim.step()
-        self.grads.zero(world)
+        self.grads.zero(self.group.world)
         # Alone, nothing has been read from the device yet: the update is queued behind the
         # backward pass, and the next batch is read while a GPU runs them, before the host
-        # waits for the step's loss. (A non-finite loss fails the job: the update it made is
-        # never kept.)
+        # waits for the step's loss.
         self.batches.ahead()
-        loss = stats.loss()
-        if not math.isfinite(loss):
-            raise UserCodeError(f"loss is {loss} at epoch {epoch} iteration {step + 1}")
-        self.pos.step += 1
-        self.pos.global_step += 1
-        self.pos.samples_seen += stats.samples
-        self.worker_iterations += 1
-        metrics = stats.means(self.metric_names)
-        self._log_step(t0, epoch, step, local, stats, metrics)
-        self.callbacks.fire("on_batch_end", step, metrics)
-        return stats.changed
+        return stats, local
 
     def _sum(self, stats: StepStats, own: torch.Tensor | None) -> StepStats:
         """The group's sums into ``stats``, and into the BatchNorm layers; returns this rank's
@@ -361,74 +289,12 @@ class Trainer:
         accum.after(scale)
         stats.add(idx, loss, [] if acc is None else [acc])
 
-    def _log_step(self, t0: float, epoch: int, step: int, local: StepStats, stats: StepStats,
-                  metrics: dict[str, float]) -> None:
-        """This worker's own metrics to its logger; rank 0 reports the group's."""
-        g = self.group
-        if local.samples > 0 and self.worker_logger is not None:
-            log_metrics(self.worker_logger, "log_train_metrics", local.means(self.metric_names),
-                        self.worker_iterations, epoch, g.world)
-        if g.rank != 0:
-            return
-        n = stats.samples
-        self.members.report({
-            "kind": "train", "epoch": epoch, "iteration": step + 1,
-            "steps_per_epoch": self.steps, "global_step": self.pos.global_step,
-            "metrics": metrics, "samples": n,
-            "samples_per_s": n / max(time.monotonic() - t0, 1e-9), "workers": g.world,
-        })
-        self._step_log(epoch, step, n, stats.index_sum, stats.loss())
-
-    def _step_log(self, epoch: int, step: int, n: int, index_sum: int, loss: float) -> None:
-        path = self.env.step_log
-        if not path:
-            return
-        g = self.group
-        line = {"epoch": epoch, "batch": step, "rank": g.rank, "size": g.world,
-                "generation": g.generation, "global_step": self.pos.global_step,
-                "samples": n, "index_sum": index_sum, "loss": loss,
-                "worker_id": self.members.worker_id, "ts_start": self._step_wall,
-                "ts": time.time()}
-        if self._step_file is None:
-            self._step_file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-        self._step_file.write(json.dumps(line) + "\n")
-
-    # -- the end of an epoch, and of training --------------------------------------------
-    def _end_epoch(self) -> None:
-        epoch = self.pos.epoch
-        test = self._validate(epoch) if self._validates(epoch) else None
-        self.optim.end_epoch(test[0] if test else None)
-        self.pos.epoch += 1
-        self.pos.step = 0
-        self.pos.samples_seen = 0
-        if self.group.rank == 0:
-            self._report_epoch(epoch, test)
-        logs = dict(test[0]) if test else {}
-        self.callbacks.fire("on_epoch_end", epoch, logs)
-
-    def _validates(self, epoch: int) -> bool:
-        freq = self.cfg["validation_freq"]
-        return bool(freq and self.test_ds is not None and len(self.test_ds) and (
-            (epoch + 1) % freq == 0 or epoch + 1 == self.cfg["epochs"]
-        ))
-
+    # -- the framework's part of an epoch's end, and of training ------------------------
     def _validate(self, epoch: int) -> tuple[dict[str, float], int]:
         metrics, n = self.evaluator.run(self.test_ds, epoch, self.group.rank, self.group.world)
         log_metrics(self.worker_logger, "log_test_metrics", metrics, self.worker_iterations, epoch,
                     self.group.world)
         return metrics, n
-
-    def _report_epoch(self, epoch: int, test: tuple[dict[str, float], int] | None) -> None:
-        if test is not None:
-            metrics, n = test
-            self.members.report({"kind": "test", "epoch": epoch, "metrics": metrics,
-                                 "samples": n})
-        self.members.report({"kind": "epoch", "epoch": epoch, "epochs": self.cfg["epochs"],
-                             "global_step": self.pos.global_step,
-                             "duration_s": time.monotonic() - self._epoch_t0})
-        cf = self.cfg["checkpoint_freq"]
-        if cf and (epoch + 1) % cf == 0 and self.pos.epoch < self.cfg["epochs"]:
-            self.members.upload("checkpoint")
 
     def _onnx(self) -> bytes | None:
         if not self.fm.save_to_onnx:
@@ -446,16 +312,6 @@ class Trainer:
                         traceback=traceback.format_exc())
             return None
 
-    def _finish(self) -> None:
-        if self.group.rank == 0:
-            self.members.upload("final")
-            onnx_bytes = self._onnx()
-            if onnx_bytes:
-                self.members.upload_onnx(onnx_bytes)
-        self.callbacks.fire("on_train_end")
-        call(self.worker_logger, "on_train_end")
-        self.members.finish()
-
 
 def _metric_functions(fm: Any) -> list[Any]:
     """The model's metrics. A WMLA ``fn_step_train`` is handed an evaluation function and
@@ -469,10 +325,4 @@ def _metric_functions(fm: Any) -> list[Any]:
 
 def run_trainer(fm: Any, cfg: dict[str, Any], env: JobEnv) -> None:
     """Run a worker or standalone training; exits the process where the role says so."""
-    source = "standalone" if env.role == "standalone" else f"worker:{env.worker_id}"
-    events.configure(source=source, job_id=env.job_id, log_dir=env.log_dir)
-    if env.role == "worker":
-        events.capture_output()
-    allocator.keep_freed_memory()
-    trainer = Trainer(fm, cfg, env)
-    trainer.members.run(trainer.run)
+    run_loop(Trainer, fm, cfg, env)
