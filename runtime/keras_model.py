@@ -125,6 +125,45 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     return list(variables() if callable(variables) else variables)
 
 
+class RandomLayers:
+    """The generators of a model's random layers (Dropout, GaussianNoise, SpatialDropout...),
+    which the runtime resets before each micro-batch.
+
+    TensorFlow's own random ops keep a hidden state per op inside a ``tf.function``, which no
+    seed set from outside resets: a worker that joined would draw other masks than the run it
+    continues. So each layer draws from a generator whose state is a variable set here:
+    Keras 3's layers have one (``seed_generator``); Keras 2's (``tf_keras``) draw from
+    stateful ops unless their ``RandomGenerator`` is "stateful" (a ``tf.random.Generator``),
+    which they are given here, before the training function is traced. The saved model is
+    the same: a layer's generator is not among its weights. A random op a custom layer calls
+    itself (``tf.random.uniform``) is not covered."""
+
+    def __init__(self, model: Any) -> None:
+        self.resets: list[Any] = []
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            seeds = getattr(layer, "seed_generator", None)  # Keras 3
+            if seeds is not None and hasattr(seeds, "state"):
+                self.resets.append(_keras3_reset(seeds.state))
+                continue
+            generator = getattr(layer, "_random_generator", None)  # Keras 2
+            if generator is not None and hasattr(generator, "_rng_type"):
+                stateful = type(generator)(seed=0, rng_type=generator.RNG_STATEFUL)
+                stateful._maybe_init()
+                layer._random_generator = stateful
+                self.resets.append(stateful._generator.reset_from_seed)
+
+    def reseed(self, seed: int) -> None:
+        for i, reset in enumerate(self.resets):
+            reset((seed + i * 0x9E3779B97F4A7C15) % (1 << 63))  # a stream per layer
+
+
+def _keras3_reset(state: Any) -> Any:
+    def reset(seed: int) -> None:
+        state.assign(np.array([seed, 0], dtype=np.int64).astype(str(state.dtype)))
+
+    return reset
+
+
 class KerasModel:
     """One Keras model, its loss, optimizer and metrics, as the training loop uses them."""
 
@@ -150,7 +189,13 @@ class KerasModel:
                 or getattr(self.optimizer, "_built", False)):
             self.optimizer.build(self.variables)
         self.size = int(sum(np.prod(v.shape) for v in self.variables))
+        self.random_layers = RandomLayers(self.model)
         self._grad_fn = tf.function(self._gradients, reduce_retracing=True)
+
+    def reseed(self, seed: int) -> None:
+        """Start every random layer's draws (Dropout's masks) from ``seed``: the runtime
+        gives each micro-batch its own, so a mask follows the micro-batch, not the worker."""
+        self.random_layers.reseed(seed)
 
     def _gradients(self, x: Any, y: Any, scale: Any) -> tuple[Any, Any, Any]:
         with tf.GradientTape() as tape:

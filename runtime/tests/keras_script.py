@@ -59,7 +59,10 @@ def get_dataset():
 
 
 tf.keras.utils.set_random_seed(0)
+# Dropout: its masks must follow the micro-batch, not the worker, for a rescaled run to
+# train as the fixed-size one does.
 model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="tanh"),
+                             tf.keras.layers.Dropout(0.25),
                              tf.keras.layers.Dense(3, activation="softmax")])
 optimizer = tf.keras.optimizers.Adam(learning_rate=0.01)
 edt_model = FabricModel(model, get_dataset, "categorical_crossentropy", optimizer,

@@ -147,3 +147,48 @@ def test_it_survives_a_worker_killed_mid_step(tmp_path: Path, reference: Path) -
     assert lost and lost[0]["reason"] == "lost"
     assert_same_keras_training(tmp_path, reference)
     assert_every_sample_once(tmp_path, SAMPLES, 2)
+
+
+# In a process of its own: TensorFlow is never imported into the test process, which forks
+# the warm pool's jobs.
+DROPOUT_CHECK = """
+import os, sys
+import numpy as np
+if sys.argv[1] == "keras2":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tensorflow as tf
+from runtime.keras_model import RandomLayers
+
+model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dropout(0.5),
+                             tf.keras.layers.GaussianNoise(1.0)])
+model(np.ones((2, 64), "float32"))
+layers = RandomLayers(model)
+run = tf.function(lambda x: model(x, training=True))
+x = np.ones((2, 64), "float32")
+
+def masks(seed):
+    layers.reseed(seed)
+    return [run(x).numpy() for _ in range(2)]
+
+a, b, c = masks(5), masks(5), masks(6)
+print(len(layers.resets), tf.keras.__name__.split(".")[0])
+assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), "same seed, other draws"
+assert not np.array_equal(a[0], a[1]), "a generator that does not advance"
+assert not np.array_equal(a[0], c[0]), "another seed, the same draws"
+print("same draws for the same seed")
+"""
+
+
+@pytest.mark.parametrize("keras", ["keras3", "keras2"])
+def test_random_layers_draw_again_what_they_drew_from_the_same_seed(keras: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", DROPOUT_CHECK, keras], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=120,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == "same draws for the same seed"
+    assert lines[-2].startswith("2 "), lines  # both layers are reset
