@@ -53,11 +53,12 @@ from scheduler.simulation.engine import Costs, SimJob, Simulator
 from scheduler.simulation.traces import AppTrace
 
 MAIN = "from bench.runtime import as_fabric\n\nas_fabric()\n"
-# The test harness's quick settings, put back to the product's defaults for this run.
-TEST_KNOBS = ("EDT_HEARTBEAT_S", "EDT_HOST_TIMEOUT_S", "EDT_SCHEDULER_INTERVAL_S",
-              "EDT_PEER_TIMEOUT_S", "EDT_RDZV_GRACE_S", "EDT_METRICS_INTERVAL_S")
 # The product's scheduler timer (config/settings.py's EDT_SCHEDULER_INTERVAL_S default).
 INTERVAL_S = 2.0
+# The product's step-report interval (runtime.config's EDT_METRICS_INTERVAL_S default): the
+# scheduler knows a job's speed at a new size from its first report there, about this long
+# after the change; the simulator is told the same.
+REPORT_S = 1.0
 WARMUP = 3  # first steps of a measuring run left out of its steady step time
 
 
@@ -123,65 +124,25 @@ QUICK = Plan(hosts=1, slots=2, sizes=(1, 2), measure_steps=8, jobs=2, every_s=3.
 
 
 # -- the cluster ----------------------------------------------------------------------------
-class Bench:
-    """The real cluster (scheduler, event consumer, host agents), the records a user would
-    have made, and a way to submit a job of a kind."""
+class Bench(harness.ProductCluster):
+    """The real cluster (scheduler, event consumer, host agents) of the plan, its records,
+    and a way to submit a job of a kind."""
 
     def __init__(self, tmp: Path, plan: Plan) -> None:
-        from django.conf import settings
-
-        from tests.e2e.harness import Cluster
-
-        self.tmp, self.plan = tmp, plan
-        self.cluster = Cluster(tmp, settings)
-        for knob in TEST_KNOBS:
-            self.cluster.env.pop(knob, None)
-        self.owner, self.model, self.group = self._records()
+        super().__init__(tmp, "paced", MAIN)
+        self.plan = plan
         self.count = 0
 
-    def _records(self) -> tuple[Any, Any, Any]:
-        from django.contrib.auth import get_user_model
-
-        from models.models import ModelDefinition
-        from resources.models import InstanceGroup, ResourceGroup
-
-        owner = get_user_model().objects.create_user("bench")
-        folder = self.tmp / "models" / "bench" / "paced"  # the bench user's own model area
-        folder.mkdir(parents=True)
-        (folder / "main.py").write_text(MAIN)
-        model = ModelDefinition.objects.create(owner=owner, name="paced", location=str(folder),
-                                               main_file="main.py")
-        rg = ResourceGroup.objects.create(name=f"rg-{self.cluster.run_id}")
-        group = InstanceGroup.objects.create(name=f"ig-{self.cluster.run_id}", resource_group=rg)
-        return owner, model, group
-
     def start(self) -> None:
-        c = self.cluster
-        for n in range(1, self.plan.hosts + 1):
-            name = c.host_name(n)
-            c._start(name, ["run_host_agent", "--name", name, "--cpu-slots",
-                            str(self.plan.slots), "--address", "127.0.0.1",
-                            "--loglevel", "WARNING"])
-            c.hosts.append(name)
-        c._start("scheduler", ["run_scheduler"])
-        c.start_events()
-        c.wait_ready(120)
+        super().start(self.plan.hosts, self.plan.slots, events=True)
 
     def use_policy(self, policy: str) -> None:
         self.group.policy = policy
         self.group.save(update_fields=["policy"])
 
     def submit(self, kind: Kind, steps: int, max_workers: int):
-        from jobs.services import job_submit
-
         self.count += 1
-        name = f"{kind.name}-{self.count}"
-        # The run's mark in the job's variables: an interrupted bench finds a job started
-        # cold even once its agent is gone (bench/elastic_e2e.py does the same).
-        return job_submit(user=self.owner, model=self.model, instance_group=self.group,
-                          max_workers=max_workers, name=name,
-                          env_vars={**harness.mark_env(), **kind.env(steps),
-                                    "EDT_STEP_LOG": str(self.tmp / f"{name}.steps.jsonl")})
+        return super().submit(f"{kind.name}-{self.count}", max_workers, kind.env(steps))
 
     def wait_ended(self, jobs: Sequence, timeout: float) -> list:
         """The jobs once every one has ended; a clear error (and the processes' logs) when
@@ -195,16 +156,12 @@ class Bench:
             rows = wait_for(lambda: _all_in(TrainingJob.objects.filter(pk__in=ids), ended, ids),
                             f"jobs {ids} to end", timeout, interval=0.5)
         except TimeoutError as exc:
-            raise TimeoutError(f"{exc}\n{self.cluster.dump_logs()}") from None
+            raise TimeoutError(f"{exc}\n{self.processes.dump_logs()}") from None
         failed = [f"{r.name}: {r.state} {r.error}" for r in rows if r.state != states.FINISHED]
         if failed:
             raise RuntimeError("jobs did not finish: " + "; ".join(failed) + "\n"
-                               + self.cluster.dump_logs())
+                               + self.processes.dump_logs())
         return sorted(rows, key=lambda r: r.pk)
-
-    def stop(self) -> None:
-        self.cluster.stop_all()
-        self.cluster.cleanup_redis()
 
 
 def _all_in(rows, ended: tuple[str, ...], ids: list[int]) -> list | None:
@@ -393,7 +350,8 @@ def simulate(apps: dict[str, AppTrace], jobs: list[RealJob], plan: Plan, policy:
     """Each job's simulated (JCT, rescales), arriving when it really was submitted."""
     sim = [SimJob(name=j.name, arrival=j.arrival, app=j.kind, num_replicas=plan.max_workers,
                   batch=BY_NAME[j.kind].batch, max_workers=plan.max_workers) for j in jobs]
-    run = Simulator(plan.host_slots(), apps, policy, costs, INTERVAL_S).run(sim)
+    run = Simulator(plan.host_slots(), apps, policy, costs, INTERVAL_S,
+                    measure_s=REPORT_S).run(sim)
     return {r.job.name: (r.jct, r.rescales) for r in run.results}
 
 

@@ -45,69 +45,21 @@ from bench.harness import percentile, step_rows, wait_for
 
 SLOTS_PER_HOST, HOSTS = 2, 2
 MAIN = "from bench.runtime import as_fabric\n\nas_fabric()\n"
-# The test harness's quick settings, put back to the product's defaults for this run.
-TEST_KNOBS = ("EDT_HEARTBEAT_S", "EDT_HOST_TIMEOUT_S", "EDT_SCHEDULER_INTERVAL_S",
-              "EDT_PEER_TIMEOUT_S", "EDT_RDZV_GRACE_S", "EDT_METRICS_INTERVAL_S")
 
 
-class Bench:
-    """The cluster, the records a user would have made, and the step logs of its jobs."""
+class Bench(harness.ProductCluster):
+    """The cluster of ``HOSTS`` x ``SLOTS_PER_HOST``, its records, and a job of the MLP."""
 
     def __init__(self, tmp: Path) -> None:
-        from django.conf import settings
-
-        from tests.e2e.harness import Cluster
-
-        self.tmp = tmp
-        self.cluster = Cluster(tmp, settings)
-        for knob in TEST_KNOBS:
-            self.cluster.env.pop(knob, None)
-        self.records = self._records()
-
-    def _records(self) -> dict[str, Any]:
-        from django.contrib.auth import get_user_model
-
-        from models.models import ModelDefinition
-        from resources.models import InstanceGroup, ResourceGroup
-
-        owner = get_user_model().objects.create_user("bench")
-        folder = self.tmp / "models" / "bench" / "mlp"  # the bench user's own model area
-        folder.mkdir(parents=True)
-        (folder / "main.py").write_text(MAIN)
-        model = ModelDefinition.objects.create(owner=owner, name="mlp", location=str(folder),
-                                               main_file="main.py")
-        rg = ResourceGroup.objects.create(name=f"rg-{self.cluster.run_id}")
-        ig = InstanceGroup.objects.create(name=f"ig-{self.cluster.run_id}", resource_group=rg)
-        return {"owner": owner, "model": model, "instance_group": ig}
+        super().__init__(tmp, "mlp", MAIN)
 
     def start(self) -> None:
-        c = self.cluster
-        for n in range(1, HOSTS + 1):
-            name = c.host_name(n)
-            c._start(name, ["run_host_agent", "--name", name, "--cpu-slots",
-                            str(SLOTS_PER_HOST), "--address", "127.0.0.1",
-                            "--loglevel", "WARNING"])
-            c.hosts.append(name)
-        c._start("scheduler", ["run_scheduler"])
-        c.wait_ready(120)
+        super().start(HOSTS, SLOTS_PER_HOST)
 
     def submit(self, name: str):
-        from jobs.services import job_submit
-
-        return job_submit(
-            user=self.records["owner"], model=self.records["model"],
-            instance_group=self.records["instance_group"], max_workers=HOSTS * SLOTS_PER_HOST,
-            # The agent builds a job's environment from nothing: the run's mark goes in its
-            # variables, so an interrupted bench finds a job started cold even once its agent
-            # is gone (a warm fork keeps its parent's environment; the agent's tree finds it).
-            name=name, env_vars={**harness.mark_env(),
-                                 "BENCH_SAMPLES": "65536", "BENCH_EPOCHS": "1000",
-                                 "BENCH_ENGINES": str(HOSTS * SLOTS_PER_HOST),
-                                 "EDT_STEP_LOG": str(self.tmp / f"{name}.steps.jsonl")})
-
-    def stop(self) -> None:
-        self.cluster.stop_all()
-        self.cluster.cleanup_redis()
+        return super().submit(name, HOSTS * SLOTS_PER_HOST, {
+            "BENCH_SAMPLES": "65536", "BENCH_EPOCHS": "1000",
+            "BENCH_ENGINES": str(HOSTS * SLOTS_PER_HOST)})
 
 
 # -- reading what happened ----------------------------------------------------------------
@@ -189,7 +141,7 @@ def trained_at(jobs: list, sizes: dict[int, int], since: float) -> dict[int, flo
 def cycle(bench: Bench, a, n: int) -> dict[str, list[float]]:
     from jobs.services import job_kill, job_set_priority
 
-    owner, out = bench.records["owner"], {k: [] for k in
+    owner, out = bench.owner, {k: [] for k in
                                           ("submit", "shrink", "priority", "grow")}
     total = HOSTS * SLOTS_PER_HOST
     t0 = time.time()

@@ -10,6 +10,7 @@ the project's ``runtime`` and ``models``.
 
 - processes: ``install`` and ``mark_env`` (``bench/processes.py``: every process a bench
   starts ends with it), ``module_command``, ``descendants``, ``kill_tree``;
+  ``ProductCluster``, the product's agents, scheduler and records on its own timings;
 - waits: ``wait_for``, the one bounded polling helper;
 - ports: ``free_port``;
 - step logs (the JSON lines a training process appends, ``EDT_STEP_LOG``): ``StepRows``,
@@ -36,8 +37,9 @@ from typing import Any, Self, TypeVar
 from bench.processes import install, mark_env
 from bench.threads import stat_fields
 
-__all__ = ["REPO", "LineCount", "StepRows", "allocator_environment", "bench_env",
-           "descendants", "django_on_sqlite", "free_port", "install", "kill_tree", "mark_env",
+__all__ = ["REPO", "TEST_KNOBS", "LineCount", "ProductCluster", "StepRows",
+           "allocator_environment", "bench_env", "descendants", "django_on_sqlite", "free_port",
+           "install", "kill_tree", "mark_env",
            "module_command", "percentile", "print_result", "step_rows", "table", "throughput",
            "wait_for"]
 
@@ -65,6 +67,70 @@ def django_on_sqlite(tmp: Path) -> None:
 
     django.setup()
     call_command("migrate", verbosity=0)
+
+
+# The test harness's quick settings (tests.e2e.harness.Cluster's environment), put back to
+# the product's defaults for a bench: it measures what a user meets.
+TEST_KNOBS = ("EDT_HEARTBEAT_S", "EDT_HOST_TIMEOUT_S", "EDT_SCHEDULER_INTERVAL_S",
+              "EDT_PEER_TIMEOUT_S", "EDT_RDZV_GRACE_S", "EDT_METRICS_INTERVAL_S")
+
+
+class ProductCluster:
+    """The product's own processes for a bench, on the product's timings: ``hosts`` host
+    agents of ``slots`` CPU slots each and the scheduler (``start``), the event consumer too
+    when asked; and the records a user would have made: the user ``bench``, a model folder
+    ``name`` whose ``main.py`` holds ``main``, an instance group. Run after
+    ``django_on_sqlite``."""
+
+    def __init__(self, tmp: Path, name: str, main: str) -> None:
+        from django.conf import settings
+        from django.contrib.auth import get_user_model
+
+        from models.models import ModelDefinition
+        from resources.models import InstanceGroup, ResourceGroup
+        from tests.e2e.harness import Cluster
+
+        self.tmp = tmp
+        self.processes = Cluster(tmp, settings)
+        for knob in TEST_KNOBS:
+            self.processes.env.pop(knob, None)
+        self.owner = get_user_model().objects.create_user("bench")
+        folder = tmp / "models" / "bench" / name  # the bench user's own model area
+        folder.mkdir(parents=True)
+        (folder / "main.py").write_text(main)
+        self.model = ModelDefinition.objects.create(owner=self.owner, name=name,
+                                                    location=str(folder), main_file="main.py")
+        run = self.processes.run_id
+        self.group = InstanceGroup.objects.create(
+            name=f"ig-{run}", resource_group=ResourceGroup.objects.create(name=f"rg-{run}"))
+
+    def start(self, hosts: int, slots: int, *, events: bool = False) -> None:
+        c = self.processes
+        for n in range(1, hosts + 1):
+            name = c.host_name(n)
+            c._start(name, ["run_host_agent", "--name", name, "--cpu-slots", str(slots),
+                            "--address", "127.0.0.1", "--loglevel", "WARNING"])
+            c.hosts.append(name)
+        c._start("scheduler", ["run_scheduler"])
+        if events:
+            c.start_events()
+        c.wait_ready(120)
+
+    def submit(self, name: str, max_workers: int, env: dict[str, str]) -> Any:
+        """A job of the bench's model, marked as this run's, its steps logged beside it."""
+        from jobs.services import job_submit
+
+        # The agent builds a job's environment from nothing: the run's mark goes in its
+        # variables, so an interrupted bench finds a job started cold even once its agent is
+        # gone (a warm fork keeps its parent's environment; the agent's tree finds it).
+        return job_submit(user=self.owner, model=self.model, instance_group=self.group,
+                          max_workers=max_workers, name=name,
+                          env_vars={**mark_env(), **env,
+                                    "EDT_STEP_LOG": str(self.tmp / f"{name}.steps.jsonl")})
+
+    def stop(self) -> None:
+        self.processes.stop_all()
+        self.processes.cleanup_redis()
 
 
 def module_command(module: str, *args: str) -> list[str]:

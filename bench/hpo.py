@@ -37,8 +37,6 @@ from bench import harness
 SLOTS = 4
 RESOURCE = 9  # epochs: Hyperband's rungs at 1, 3 and 9 with eta 3
 SEED = 20261129
-TEST_KNOBS = ("EDT_HEARTBEAT_S", "EDT_HOST_TIMEOUT_S", "EDT_SCHEDULER_INTERVAL_S",
-              "EDT_PEER_TIMEOUT_S", "EDT_RDZV_GRACE_S", "EDT_METRICS_INTERVAL_S")
 
 MAIN = textwrap.dedent('''
     import json
@@ -110,40 +108,18 @@ def search_json(trials: int) -> tuple[dict, list]:
     return algo, params
 
 
-class Cluster:
+class Cluster(harness.ProductCluster):
     """The product's processes and the records the searches need."""
 
     def __init__(self, tmp: Path, sample_ms: float) -> None:
-        from django.conf import settings
-        from django.contrib.auth import get_user_model
-
-        from models.models import ModelDefinition
-        from resources.models import InstanceGroup, ResourceGroup
-        from tests.e2e.harness import Cluster as Processes
-
-        self.procs = Processes(tmp, settings)
-        for knob in TEST_KNOBS:
-            self.procs.env.pop(knob, None)
+        super().__init__(tmp, "hpo", MAIN)
         self.sample_ms = sample_ms
-        self.owner = get_user_model().objects.create_user("bench")
-        folder = tmp / "models" / "bench" / "hpo"
-        folder.mkdir(parents=True)
-        (folder / "main.py").write_text(MAIN)
-        self.model = ModelDefinition.objects.create(owner=self.owner, name="hpo",
-                                                    location=str(folder), main_file="main.py")
-        rg = ResourceGroup.objects.create(name=f"rg-{self.procs.run_id}")
-        self.group = InstanceGroup.objects.create(name=f"ig-{self.procs.run_id}",
-                                                  resource_group=rg)
 
-    def start(self) -> None:
-        self.procs.start_agent(1, slots=SLOTS)
-        self.procs.start_events()
-        self.procs.start_scheduler()
-        self.procs.wait_ready(180)
-
-    def stop(self) -> None:
-        self.procs.stop_all()
-        self.procs.cleanup_redis()
+    def start(self) -> None:  # one host; the searches' figures were measured on these timings
+        self.processes.start_agent(1, slots=SLOTS)
+        self.processes.start_events()
+        self.processes.start_scheduler()
+        self.processes.wait_ready(180)
 
 
 def run_search(cluster: Cluster, name: str, max_workers: int, trials: int,
