@@ -11,7 +11,7 @@ to event (an arrival, a completion, the scheduler's timer) instead of ticking:
 - Several instance groups (``SimJob.group``) divide the hosts first, by their weights
   (``scheduler.groups.divide``, as the service does), then each group's jobs share its slots.
 - A job measures its speed at each shape it trains at (an ``Observation``, as its step reports
-  do in the product) once it has trained there for ``MEASURE_S``.
+  do in the product) once it has trained there for ``measure_s`` (default ``MEASURE_S``).
 - It finishes when it has made its ``steps_to_target(batch)`` steps.
 
 The ``fixed`` baseline is what a cluster without elasticity does: first come, first served,
@@ -33,6 +33,8 @@ from scheduler.throughput import Observation, fit
 from .traces import AppTrace
 
 # A job's step reports give its speed within seconds; the scheduler learns it after this long.
+# The Pollux workloads' jobs run for hours, so 10 s is "soon"; a replay of the product's own
+# short jobs (bench/cluster_real.py) passes the product's report interval instead.
 MEASURE_S = 10.0
 EPS = 1e-9
 
@@ -132,9 +134,11 @@ class Simulator:
 
     def __init__(self, hosts: dict[str, int], apps: dict[str, AppTrace], policy: str,
                  costs: Costs = Costs(), interval_s: float = 60.0,
-                 weights: dict[str, int] | None = None) -> None:
+                 weights: dict[str, int] | None = None, measure_s: float = MEASURE_S) -> None:
         """``weights``: each instance group's share weight (``SimJob.group``; 1 if absent)
-        when several groups share the hosts."""
+        when several groups share the hosts. ``measure_s``: how long a job trains at a shape
+        before the scheduler knows its speed there."""
+        self.measure_s = measure_s
         self.weights = weights or {}
         self.hosts = hosts
         self.apps = apps
@@ -195,7 +199,7 @@ class Simulator:
             return
         r.steps_left -= (end - begin) * r.speed()
         shape = (r.n, r.hosts)
-        if shape not in r.seen and end - r.shape_since >= MEASURE_S:
+        if shape not in r.seen and end - r.shape_since >= self.measure_s:
             r.seen[shape] = r.job.batch * r.speed()
         if r.steps_left <= EPS * max(1.0, r.app.steps_to_target(r.job.batch)):
             r.ends_at = end + self.costs.finish_s
