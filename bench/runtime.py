@@ -34,8 +34,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bench import harness
 from bench.harness import (
@@ -212,14 +214,17 @@ def workload_vars(w: Workload, workers: int) -> dict[str, str]:
     return out
 
 
-def run_fabric(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, float | None]:
-    """(samples/s, median iteration s, CPU s per step of the driver and all workers)."""
+def run_job(tmp: Path, module: str, variables: dict[str, str], workers: int,
+            w: Any) -> tuple[float, float, float | None]:
+    """``module --as fabric`` as a job of ``workers`` workers under the runtime's driver:
+    (samples/s, median iteration s, CPU s per step of the driver and all workers) past the
+    ``w.warmup`` first of its ``w.steps`` steps."""
     from runtime.tests.launcher import LocalJob
 
     tmp.mkdir(parents=True)
-    env = bench_env(tmp, **workload_vars(w, workers), BENCH_ENGINES=str(workers),
+    env = bench_env(tmp, **variables, BENCH_ENGINES=str(workers),
                     EDT_MIN_WORKERS=str(workers), EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp))
-    with LocalJob(env=env, module=SELF, args=["--as", "fabric"]) as job:
+    with LocalJob(env=env, module=module, args=["--as", "fabric"]) as job:
         job.start_driver()
         for i in range(workers):
             job.add_worker(f"w{i}")
@@ -232,24 +237,37 @@ def run_fabric(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float
     return (*throughput(step_rows(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
 
 
-def run_ddp(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, float | None]:
-    """(samples/s, median iteration s, CPU s per step of all processes)."""
+def run_ranks(tmp: Path, module: str, role: str, variables: dict[str, str], workers: int,
+              w: Any) -> tuple[float, float, float | None]:
+    """``module --as role`` as ``workers`` processes started with ``RANK``/``WORLD_SIZE``, as
+    a user's own data-parallel loop is: (samples/s, median iteration s, CPU s per step of all
+    processes)."""
     tmp.mkdir(parents=True)
     port = str(free_port())
     procs = []
     for rank in range(workers):
-        env = bench_env(tmp, **workload_vars(w, workers), RANK=str(rank),
-                        WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env = bench_env(tmp, **variables, RANK=str(rank), WORLD_SIZE=str(workers),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         with (tmp / f"rank{rank}.log").open("w") as log:
-            procs.append(subprocess.Popen(module_command(SELF, "--as", "ddp"), env=env,
+            procs.append(subprocess.Popen(module_command(module, "--as", role), env=env,
                                           stdout=log, stderr=subprocess.STDOUT))
     cpu = _CpuWindow([p.pid for p in procs], tmp / "steps.jsonl", w.warmup, w.steps - 2)
     cpu.start()
     if any(p.wait(1800) != 0 for p in procs):
         tail = (tmp / "rank0.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"ddp run failed; rank 0 said:\n{tail}")
+        raise RuntimeError(f"{role} run failed; rank 0 said:\n{tail}")
     cpu.join(1)
     return (*throughput(step_rows(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
+
+
+def run_fabric(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, float | None]:
+    """FabricModel's side: (samples/s, median iteration s, CPU s per step)."""
+    return run_job(tmp, SELF, workload_vars(w, workers), workers, w)
+
+
+def run_ddp(tmp: Path, workers: int, w: Workload = MLP) -> tuple[float, float, float | None]:
+    """DDP's side: (samples/s, median iteration s, CPU s per step)."""
+    return run_ranks(tmp, SELF, "ddp", workload_vars(w, workers), workers, w)
 
 
 def run_rescale(tmp: Path, changes: int) -> tuple[list[float], list[float], float]:
@@ -359,37 +377,49 @@ def _once_more_on_failure(fn, tmp: Path, workers: int, w: Workload):
         return fn(tmp.with_name(tmp.name + "-again"), workers, w)
 
 
-def compare(tmp: Path, w: Workload, workers: int, rounds: int,
-            control: bool = False) -> dict[str, float]:
-    """FabricModel against DDP on one workload at ``workers``: each side's best samples/s
-    (and its median iteration) over ``rounds`` alternating rounds, and its median CPU s per
-    step. Alternating and keeping the best round: a shared machine's load comes and goes (on
-    2 busy cores a run is often ~2x slower for its whole length), and the best round is the
-    least disturbed one; CPU per step barely depends on that load. With ``control``, the
-    DDP loop takes FabricModel's place: the two sides are then the same program, and their
-    ratio is the harness's own noise on this machine."""
-    best = {"fabric": (0.0, 0.0), "ddp": (0.0, 0.0)}
-    cpus: dict[str, list[float]] = {"fabric": [], "ddp": []}
-    first = run_ddp if control else run_fabric
+def alternate(sides: Sequence[tuple[str, Callable[[int], tuple[float, float, float | None]]]],
+              rounds: int, label: str, shown: dict[str, str] | None = None) -> dict[str, float]:
+    """Each side's best samples/s (and its median iteration) over ``rounds`` alternating
+    rounds, and its median CPU s per step; ``fn(round)`` runs a side once. Alternating and
+    keeping the best round: a shared machine's load comes and goes (on 2 busy cores a run is
+    often ~2x slower for its whole length), and the best round is the least disturbed one;
+    CPU per step barely depends on that load. ``shown``: a side's name in the progress lines,
+    where it is not its key."""
+    best = {side: (0.0, 0.0) for side, _ in sides}
+    cpus: dict[str, list[float]] = {side: [] for side, _ in sides}
     for r in range(rounds):
-        for side, fn in (("fabric", first), ("ddp", run_ddp)):
-            sps, it, cpu = _once_more_on_failure(
-                fn, tmp / f"{w.model}-{side}{workers}-{r}{'-control' if control else ''}",
-                workers, w)
+        for side, fn in sides:
+            sps, it, cpu = fn(r)
             best[side] = max(best[side], (sps, it))
             if cpu is not None:
                 cpus[side].append(cpu)
             # Each round as it ends: how far rounds spread says how far to trust the best.
             cpu_ms = f"{cpu * 1000:.1f}" if cpu is not None else "?"
-            print(f"{w.model} {workers} worker(s) round {r + 1}/{rounds} {side}"
-                  f"{' (control: DDP)' if control and side == 'fabric' else ''}: "
-                  f"{sps:,.0f} samples/s, {it * 1000:.1f} ms/it, CPU {cpu_ms} ms/step",
-                  file=sys.stderr, flush=True)
+            print(f"{label} round {r + 1}/{rounds} {(shown or {}).get(side, side)}: "
+                  f"{sps:,.0f} samples/s, "
+                  f"{it * 1000:.1f} ms/it, CPU {cpu_ms} ms/step", file=sys.stderr, flush=True)
     out = {}
-    for side in ("fabric", "ddp"):
+    for side in best:
         out[side], out[f"{side}_it"] = best[side]
         out[f"{side}_cpu"] = statistics.median(cpus[side]) if cpus[side] else float("nan")
     return out
+
+
+def compare(tmp: Path, w: Workload, workers: int, rounds: int,
+            control: bool = False) -> dict[str, float]:
+    """FabricModel against DDP on one workload at ``workers`` (``alternate``). With
+    ``control``, the DDP loop takes FabricModel's place: the two sides are then the same
+    program, and their ratio is the harness's own noise on this machine."""
+    first = run_ddp if control else run_fabric
+    suffix = "-control" if control else ""
+
+    def side(name: str, fn: Callable) -> Callable[[int], tuple[float, float, float | None]]:
+        return lambda r: _once_more_on_failure(
+            fn, tmp / f"{w.model}-{name}{workers}-{r}{suffix}", workers, w)
+
+    return alternate([("fabric", side("fabric", first)), ("ddp", side("ddp", run_ddp))],
+                     rounds, f"{w.model} {workers} worker(s)",
+                     {"fabric": "fabric (control: DDP)"} if control else None)
 
 
 def control_part(tmp: Path, w: Workload, workers: int, rounds: int,

@@ -28,9 +28,6 @@ import importlib.util
 import json
 import os
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,8 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.harness import bench_env, free_port, module_command, step_rows, throughput
-from bench.runtime import _CpuWindow
+from bench.runtime import alternate, run_job, run_ranks
 
 SELF = "bench.runtime_tf"
 FEATURES, CLASSES = 256, 10
@@ -180,66 +176,16 @@ def _vars(w: TfWorkload, workers: int) -> dict[str, str]:
             "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 
 
-def run_fabric(tmp: Path, workers: int, w: TfWorkload) -> tuple[float, float, float | None]:
-    """(samples/s, median iteration s, CPU s per step of the driver and all workers)."""
-    from runtime.tests.launcher import LocalJob
-
-    tmp.mkdir(parents=True)
-    env = bench_env(tmp, **_vars(w, workers), BENCH_ENGINES=str(workers),
-                    EDT_MIN_WORKERS=str(workers), EDT_METRICS_INTERVAL_S="5", RESULT_DIR=str(tmp))
-    with LocalJob(env=env, module=SELF, args=["--as", "fabric"]) as job:
-        job.start_driver()
-        for i in range(workers):
-            job.add_worker(f"w{i}")
-        pids = [job.driver.pid, *(p.pid for p in job.workers.values())]
-        cpu = _CpuWindow(pids, tmp / "steps.jsonl", w.warmup, w.steps - 2)
-        cpu.start()
-        if job.wait(1800) != 0:
-            raise RuntimeError(f"fabric run failed; see {tmp}/log")
-    cpu.join(1)
-    return (*throughput(step_rows(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
-
-
-def run_tape(tmp: Path, workers: int, w: TfWorkload) -> tuple[float, float, float | None]:
-    """(samples/s, median iteration s, CPU s per step of all processes)."""
-    tmp.mkdir(parents=True)
-    port = str(free_port())
-    procs = []
-    for rank in range(workers):
-        env = bench_env(tmp, **_vars(w, workers), RANK=str(rank), WORLD_SIZE=str(workers),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        with (tmp / f"rank{rank}.log").open("w") as log:
-            procs.append(subprocess.Popen(module_command(SELF, "--as", "tape"), env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))
-    cpu = _CpuWindow([p.pid for p in procs], tmp / "steps.jsonl", w.warmup, w.steps - 2)
-    cpu.start()
-    if any(p.wait(1800) != 0 for p in procs):
-        tail = (tmp / "rank0.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"tape run failed; rank 0 said:\n{tail}")
-    cpu.join(1)
-    return (*throughput(step_rows(tmp / "steps.jsonl"), warmup=w.warmup), cpu.per_step)
-
-
 def compare(tmp: Path, w: TfWorkload, workers: int, rounds: int) -> dict[str, float]:
-    """Each side's best samples/s (and its median iteration) over ``rounds`` alternating
-    rounds, and its median CPU s per step (see bench/runtime.py's ``compare`` for why)."""
-    best = {"fabric": (0.0, 0.0), "tape": (0.0, 0.0)}
-    cpus: dict[str, list[float]] = {"fabric": [], "tape": []}
-    for r in range(rounds):
-        for side, fn in (("fabric", run_fabric), ("tape", run_tape)):
-            sps, it, cpu = fn(tmp / f"tf-{side}{workers}-{r}", workers, w)
-            best[side] = max(best[side], (sps, it))
-            if cpu is not None:
-                cpus[side].append(cpu)
-            cpu_ms = f"{cpu * 1000:.1f}" if cpu is not None else "?"
-            print(f"tf mlp {workers} worker(s) round {r + 1}/{rounds} {side}: {sps:,.0f} "
-                  f"samples/s, {it * 1000:.1f} ms/it, CPU {cpu_ms} ms/step",
-                  file=sys.stderr, flush=True)
-    out = {}
-    for side in best:
-        out[side], out[f"{side}_it"] = best[side]
-        out[f"{side}_cpu"] = statistics.median(cpus[side]) if cpus[side] else float("nan")
-    return out
+    """FabricModel against the GradientTape loop at ``workers``, as ``bench/runtime.py``
+    compares PyTorch's sides (``alternate``: the best of alternating rounds)."""
+    variables = _vars(w, workers)
+    return alternate(
+        [("fabric", lambda r: run_job(tmp / f"tf-fabric{workers}-{r}", SELF, variables,
+                                      workers, w)),
+         ("tape", lambda r: run_ranks(tmp / f"tf-tape{workers}-{r}", SELF, "tape", variables,
+                                      workers, w))],
+        rounds, f"tf mlp {workers} worker(s)")
 
 
 def _parser() -> argparse.ArgumentParser:
