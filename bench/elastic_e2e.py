@@ -2,7 +2,8 @@
 
 A cluster of the real scheduler service and two host agents (Celery workers, subprocesses, 2
 CPU slots each, every setting at the product's default) on a SQLite file and the local Redis,
-trains ``bench/runtime.py``'s model (MLP 256-1024-1024-10, batch 64 per worker, gloo, CPU).
+trains ``bench/runtime.py``'s model (MLP 256-1024-1024-10, batch 64 per worker, gloo, CPU;
+with ``--framework tensorflow`` the same MLP in Keras, ``bench/runtime_tf.py``).
 Every figure is timed from a scheduler decision (or a user's call) to the end of the first
 optimizer step at the new size (as ``bench/peers.py`` times its peers), read from the job's
 own step log:
@@ -20,8 +21,9 @@ restart and join, torchft's heal and join, the same model) and ``bench/kill_reco
 SIGKILL of a worker (quiet and loaded).
 
 Run: ``.venv/bin/python -m bench.elastic_e2e [--quick] [--cycles N] [--no-peers]
-[--no-kills]`` (needs Redis on ``REDIS_URL``, default ``redis://127.0.0.1:6379/0``; about 15
-minutes on 2 cores, 4 with ``--quick``). Prints a table; the last line is one JSON object:
+[--no-kills] [--framework tensorflow]`` (needs Redis on ``REDIS_URL``, default
+``redis://127.0.0.1:6379/0``; about 15 minutes on 2 cores, 4 with ``--quick``). Prints a
+table; the last line is one JSON object (with ``framework``):
 ``grow_p95_s``, ``shrink_p95_s``, ``submit_p95_s``, ``priority_p95_s``, ``iteration_s``,
 ``torchrun_restart_s``, ``torchrun_join_s``, ``torchft_heal_s``, ``torchft_join_s``,
 ``grow_vs_torchrun``, ``shrink_vs_torchrun``, ``kill_recovery_p95_s`` (and the p50s, the
@@ -44,21 +46,27 @@ from bench import harness
 from bench.harness import percentile, step_rows, wait_for
 
 SLOTS_PER_HOST, HOSTS = 2, 2
-MAIN = "from bench.runtime import as_fabric\n\nas_fabric()\n"
+# The model each framework trains: bench/runtime.py's MLP, or bench/runtime_tf.py's, the same
+# layers in Keras (--framework tensorflow, the [tensorflow] extra).
+MAINS = {"PyTorch": "from bench.runtime import as_fabric\n\nas_fabric()\n",
+         "TensorFlow": "from bench.runtime_tf import as_fabric\n\nas_fabric()\n"}
+TF_VARS = {"BENCH_BATCH": "64", "BENCH_WIDTH": "1024", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 
 
 class Bench(harness.ProductCluster):
     """The cluster of ``HOSTS`` x ``SLOTS_PER_HOST``, its records, and a job of the MLP."""
 
-    def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp, "mlp", MAIN)
+    def __init__(self, tmp: Path, framework: str = "PyTorch") -> None:
+        super().__init__(tmp, "mlp", MAINS[framework], framework)
+        self.extra = TF_VARS if framework == "TensorFlow" else {}
 
     def start(self) -> None:
         super().start(HOSTS, SLOTS_PER_HOST)
 
     def submit(self, name: str):
         return super().submit(name, HOSTS * SLOTS_PER_HOST, {
-            "BENCH_SAMPLES": "65536", "BENCH_EPOCHS": "1000",
+            **self.extra, "BENCH_SAMPLES": "65536", "BENCH_EPOCHS": "1000",
             "BENCH_ENGINES": str(HOSTS * SLOTS_PER_HOST)})
 
 
@@ -200,10 +208,11 @@ def iteration_s(job, size: int) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
-def run_cycles(cycles: int, log: Callable[[str], None]) -> dict[str, Any]:
+def run_cycles(cycles: int, log: Callable[[str], None],
+               framework: str = "PyTorch") -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="edt-bench-e2e-"))
     harness.django_on_sqlite(tmp)
-    bench = Bench(tmp)
+    bench = Bench(tmp, framework)
     samples: dict[str, list[float]] = {k: [] for k in ("submit", "shrink", "priority", "grow")}
     try:
         bench.start()
@@ -312,6 +321,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 cycles, 2 peer runs, 5 kills")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--no-kills", action="store_true")
+    parser.add_argument("--framework", choices=["pytorch", "tensorflow"], default="pytorch",
+                        help="the job's model: the MLP in PyTorch, or in Keras (needs the "
+                             "[tensorflow] extra; the peers and kills stay PyTorch's)")
     args = parser.parse_args()
     cycles, repeat, kills = (3, 2, 5) if args.quick else (args.cycles, 5, 20)
     harness.install()
@@ -320,7 +332,8 @@ def main() -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-    ours = run_cycles(cycles, log)
+    framework = {"pytorch": "PyTorch", "tensorflow": "TensorFlow"}[args.framework]
+    ours = run_cycles(cycles, log, framework)
     peers = {} if args.no_peers else run_peers(repeat, log)
     if args.no_peers:
         peers["reasons"] = {k: "not run (--no-peers)" for k in
@@ -328,7 +341,7 @@ def main() -> None:
                              "torchft_join_s")}
     log("kill recovery" if not args.no_kills else "kill recovery not run (--no-kills)")
     kills = {} if args.no_kills else run_kill_series(kills)
-    result = figures(ours, peers, kills)
+    result = {**figures(ours, peers, kills), "framework": framework}
     print(table(result))
     harness.print_result(result)
 

@@ -82,7 +82,7 @@ class ProductCluster:
     ``name`` whose ``main.py`` holds ``main``, an instance group. Run after
     ``django_on_sqlite``."""
 
-    def __init__(self, tmp: Path, name: str, main: str) -> None:
+    def __init__(self, tmp: Path, name: str, main: str, framework: str = "PyTorch") -> None:
         from django.conf import settings
         from django.contrib.auth import get_user_model
 
@@ -99,7 +99,8 @@ class ProductCluster:
         folder.mkdir(parents=True)
         (folder / "main.py").write_text(main)
         self.model = ModelDefinition.objects.create(owner=self.owner, name=name,
-                                                    location=str(folder), main_file="main.py")
+                                                    location=str(folder), main_file="main.py",
+                                                    framework=framework)
         run = self.processes.run_id
         self.group = InstanceGroup.objects.create(
             name=f"ig-{run}", resource_group=ResourceGroup.objects.create(name=f"rg-{run}"))

@@ -115,8 +115,8 @@ def as_fabric() -> None:
     batch, width = int(os.environ["BENCH_BATCH"]), int(os.environ["BENCH_WIDTH"])
     model, x, y = model_and_data(int(os.environ["BENCH_SAMPLES"]), width)
     fm = FabricModel(model, lambda: (Points(x, y), None), _loss(), _optimizer())
-    fm.train(1, batch, int(os.environ["BENCH_ENGINES"]), num_dataloader_threads=0,
-             validation_freq=0, checkpoint_freq=0)
+    fm.train(int(os.environ.get("BENCH_EPOCHS", "1")), batch, int(os.environ["BENCH_ENGINES"]),
+             num_dataloader_threads=0, validation_freq=0, checkpoint_freq=0)
 
 
 def as_tape() -> None:
