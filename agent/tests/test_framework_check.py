@@ -22,6 +22,7 @@ def interpreter(tmp_path: Path, has_tensorflow: bool) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # asks a (stand-in) interpreter in a process of its own
 def test_a_tensorflow_job_without_tensorflow_fails_at_launch_with_what_to_install(
         job, tmp_path):
     ModelDefinition.objects.filter(pk=job.model_id).update(framework="TensorFlow")
@@ -33,6 +34,7 @@ def test_a_tensorflow_job_without_tensorflow_fails_at_launch_with_what_to_instal
     assert "pip install 'elastic-console[tensorflow]'" in message
 
 
+@pytest.mark.slow  # as above
 def test_a_tensorflow_job_launches_where_tensorflow_is_installed(job, tmp_path):
     ModelDefinition.objects.filter(pk=job.model_id).update(framework="TensorFlow")
     job.refresh_from_db()
