@@ -12,7 +12,11 @@ a bench's ``main()``, makes sure of it:
 - on SIGTERM, SIGINT or SIGHUP it kills every process of the run (below), then raises
   ``SystemExit(128 + signal)`` so the bench's own ``finally`` blocks still run (temporary
   folders, throwaway databases, Redis keys). A watchdog ends the bench itself if those take
-  longer than ``GRACE_S``: a clean-up must not hang a ``timeout`` forever;
+  longer than ``GRACE_S``: a clean-up must not hang a ``timeout`` forever. Python drops an
+  exception raised where it cannot propagate: a signal handled while a finalizer or ``__del__``
+  runs (a garbage collection, at any line) loses its ``SystemExit``, and the bench went on to
+  its normal end, exit status 0. So a signalled bench also exits ``128 + signal`` at exit,
+  whatever ended it, and the watchdog ends it if it goes on working;
 - at normal exit (``atexit``) it does the same sweep, for whatever an error path left behind.
 
 The processes of the run are: every descendant of this process, every process carrying the
@@ -32,6 +36,7 @@ import atexit
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -41,7 +46,7 @@ MARK = "BENCH_RUN"
 GRACE_S = 30.0  # for the bench's own finally blocks after a signal, before it is ended
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-_state: dict[str, object] = {"token": None, "signalled": False, "pid": None}
+_state: dict[str, object] = {"token": None, "signalled": False, "pid": None, "signum": 0}
 
 
 def install() -> str:
@@ -54,6 +59,8 @@ def install() -> str:
     os.environ[MARK] = token
     for sig in SIGNALS:
         signal.signal(sig, _on_signal)
+    # atexit runs the last registered first: the sweep, then the signalled exit status.
+    atexit.register(_exit_as_signalled)
     atexit.register(end_all)
     return token
 
@@ -79,6 +86,7 @@ def _on_signal(signum: int, _frame: object) -> None:
     if _state["signalled"]:
         return  # a second signal while the first one's clean-up runs: let it finish
     _state["signalled"] = True
+    _state["signum"] = signum
     end_all()
     # Processes a finally block starts (a clean-up command) are swept by atexit; if the
     # clean-up hangs, the watchdog ends the bench with the same status.
@@ -86,6 +94,16 @@ def _on_signal(signum: int, _frame: object) -> None:
     watchdog.daemon = True
     watchdog.start()
     raise SystemExit(128 + signum)
+
+
+def _exit_as_signalled() -> None:
+    """At exit, after the sweep: a signalled bench's status is the signal's, even when its
+    ``SystemExit`` was dropped (see the module's doc) and the bench ended normally."""
+    if _state["signalled"] and not _forked():
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(128 + int(_state["signum"]))  # the status, past the interpreter's own
 
 
 def _give_up(signum: int) -> None:

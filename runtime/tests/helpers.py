@@ -46,9 +46,16 @@ def wait_for_step(result_dir: Path, pred: Callable[[dict], bool], what: str,
     return wait_until(check, what, timeout)
 
 
-def wait_for_joiners(job: LocalJob, n: int) -> None:
-    wait_until(lambda: len(job.status()["joining"]) >= n, f"{n} joiners",
-               on_fail=lambda: job_account(job))
+def wait_for_joiners(job: LocalJob, workers: list[str]) -> None:
+    """Until every one of ``workers`` has reached the driver: waiting to join, or already a
+    member. A joiner can be admitted at a step boundary between two polls (a fast machine
+    admits it at the epoch's end, before the step the test holds), so "joining" alone can be
+    missed."""
+    def arrived() -> bool:
+        status = job.status()
+        return set(workers) <= set(status["joining"]) | set(status["members"])
+
+    wait_until(arrived, f"{', '.join(workers)} to join", on_fail=lambda: job_account(job))
 
 
 def job_account(job: LocalJob) -> str:

@@ -127,7 +127,7 @@ def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path, model: s
         wait_for_step(tmp_path, lambda s: s["batch"] >= 1, "the first steps at size 1")
         for w in ("w1", "w2", "w3"):
             job.add_worker(w)
-        wait_for_joiners(job, 3)
+        wait_for_joiners(job, ["w1", "w2", "w3"])
         (hold / "go-0-2").touch()
         wait_for_step(tmp_path, lambda s: s["size"] == 4, "size 4")
         leavers = [threading.Thread(target=job.remove_worker, args=(w,)) for w in ("w3", "w2")]
@@ -139,7 +139,7 @@ def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path, model: s
         assert job.status()["left"] == {"w3": "reclaimed", "w2": "reclaimed"}
         wait_for_step(tmp_path, lambda s: s["size"] == 2, "size 2")
         job.add_worker("w4")
-        wait_for_joiners(job, 1)
+        wait_for_joiners(job, ["w4"])
         (hold / "go-1-3").touch()
         assert job.wait(120) == 0, driver_log(tmp_path)
     sizes = [s["size"] for s in steps(tmp_path)]

@@ -118,7 +118,7 @@ def test_it_keeps_the_mathematics_when_rescaled_1_3_2(tmp_path: Path, reference:
         wait_for_step(tmp_path, lambda s: s["batch"] >= 1, "the first steps at size 1", 120)
         for w in ("w1", "w2"):
             job.add_worker(w)
-        wait_for_joiners(job, 2)
+        wait_for_joiners(job, ["w1", "w2"])
         (hold / "go-0-2").touch()
         wait_for_step(tmp_path, lambda s: s["size"] == 3, "size 3", 120)
         job.remove_worker("w2")

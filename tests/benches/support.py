@@ -89,6 +89,13 @@ class BenchRun:
             time.sleep(0.1)
         raise AssertionError(f"no {what} within {timeout:.0f} s:\n{self.output()}")
 
+    def freeze(self) -> bool:
+        """Hold the bench where it is (SIGSTOP) until ``stop`` signals it: a bench that
+        would finish within the test's next poll is still at that point when signalled."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGSTOP)
+        return True
+
     def count(self, needle: str) -> int:
         """Live seen processes whose command line holds ``needle``."""
         return sum(1 for pid in self.look() if needle in cmdline(pid))
@@ -108,6 +115,8 @@ class BenchRun:
         process it started is gone too (AssertionError with what is left otherwise)."""
         self.look()
         self.proc.send_signal(sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGCONT)  # a bench ``freeze`` held takes it now
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

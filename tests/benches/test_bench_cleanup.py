@@ -56,6 +56,13 @@ def _other_sessions(run: BenchRun) -> int:
     return count
 
 
+def assert_ended_by_sigterm(run) -> None:
+    """SIGTERM the bench: it must end with 143 (its handler's exit), every process with it."""
+    code = run.stop(signal.SIGTERM)
+    assert code == SIGTERM_EXIT, (f"the bench exited {code}, not {SIGTERM_EXIT}, on SIGTERM:\n"
+                                  f"{run.output()}")
+
+
 @pytest.mark.slow
 def test_runtime_bench_ends_torchrun_agents_and_their_workers_on_sigterm(bench):
     # The issue's case: two torchrun agents, each in its own session, each with a worker that
@@ -63,7 +70,7 @@ def test_runtime_bench_ends_torchrun_agents_and_their_workers_on_sigterm(bench):
     run = bench("runtime.py", "--parts", "torchrun")
     run.wait_until(lambda r: r.count("train.py") >= 4, "2 torchrun agents and 2 workers", 240)
     assert _other_sessions(run) >= 4
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    assert_ended_by_sigterm(run)
 
 
 @pytest.mark.slow
@@ -79,14 +86,14 @@ def test_peers_bench_ends_torchrun_on_sigterm(bench):
     run = bench("peers.py", "--repeat", "1")
     run.wait_until(lambda r: r.count("--as torchrun") >= 4, "2 torchrun agents and 2 workers",
                    240)
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    assert_ended_by_sigterm(run)
 
 
 @pytest.mark.slow
 def test_kill_recovery_bench_ends_its_job_on_sigterm(bench):
     run = bench("kill_recovery.py", "--kills", "1")
     run.wait_until(lambda r: r.count("--as fabric") >= 4, "a driver and 3 workers", 240)
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    assert_ended_by_sigterm(run)
 
 
 @pytest.mark.slow
@@ -98,7 +105,7 @@ def test_elastic_e2e_bench_ends_agents_scheduler_and_jobs_on_sigterm(bench, tmp_
     run.wait_until(lambda r: r.count("run_host_agent") >= 2 and r.count("run_scheduler") >= 1
                    and any(p.stat().st_size for p in tmp_path.glob("edt-bench-e2e-*/a.steps.*")),
                    "the agents, the scheduler and job A training", 300)
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    assert_ended_by_sigterm(run)
 
 
 @pytest.mark.slow
@@ -111,7 +118,7 @@ def test_cluster_real_bench_ends_agents_scheduler_and_jobs_on_sigterm(bench, tmp
                    and any(p.stat().st_size for p in
                            tmp_path.glob("edt-bench-cluster-real-*/*.steps.jsonl")),
                    "the agent, the scheduler and a job training", 300)
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    assert_ended_by_sigterm(run)
 
 
 @pytest.mark.slow
@@ -119,7 +126,7 @@ def test_live_bench_ends_the_web_server_and_the_event_consumer_on_sigterm(bench,
     run = bench("live.py", "--clients", "2", "--events", "5000", "--rate", "10")
     run.wait_until(lambda r: r.count("config.web_server") >= 1 and r.count("run_events") >= 1,
                    "the web server and run_events", 180)
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    assert_ended_by_sigterm(run)
 
 
 @pytest.mark.slow
@@ -129,23 +136,25 @@ def test_gpu_bench_on_cpu_ends_its_job_on_sigterm(bench):
     # plain loops, each paused on its gate between windows but for the one training.
     run.wait_until(lambda r: r.count("--as fabric") >= 4 and r.count("--as plain") >= 2,
                    "two jobs and two plain loops", 240)
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    assert_ended_by_sigterm(run)
 
 
 @pytest.mark.slow
 def test_scheduler_bench_drops_its_throwaway_database_on_sigterm(bench, tmp_path, needs_redis):
     run = bench("scheduler.py", "--service-only",
                 env={"DATABASE_URL": f"sqlite:///{tmp_path / 'main.sqlite3'}"})
-    run.wait_until(lambda r: any(tmp_path.glob("edt-bench-*/bench.db")),
+    # Held once the database is there: on a fast machine the whole bench takes 3 s, and it
+    # could end between this poll and the signal (it then exited 0, not 143).
+    run.wait_until(lambda r: any(tmp_path.glob("edt-bench-*/bench.db")) and r.freeze(),
                    "its throwaway database", 180)
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    assert_ended_by_sigterm(run)
     assert not list(tmp_path.glob("edt-bench-*/bench.db")), run.output()
 
 
 @pytest.mark.slow
 def test_api_bench_drops_its_throwaway_database_on_sigterm(bench, tmp_path):
     run = bench("api.py", "--requests", "5")
-    run.wait_until(lambda r: any(tmp_path.glob("edt-bench-api-*/bench.sqlite3")),
-                   "its throwaway database", 180)
-    assert run.stop(signal.SIGTERM) == SIGTERM_EXIT
+    run.wait_until(lambda r: any(tmp_path.glob("edt-bench-api-*/bench.sqlite3")) and r.freeze(),
+                   "its throwaway database", 180)  # held, as the scheduler bench above
+    assert_ended_by_sigterm(run)
     assert not list(tmp_path.glob("edt-bench-api-*")), run.output()

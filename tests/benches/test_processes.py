@@ -100,3 +100,31 @@ def test_a_fork_of_the_bench_neither_sweeps_the_run_nor_ignores_signals(tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     expected = "child signalled" if how == "signal" else "child exited"
     assert f"{expected}\nsibling alive" in done.stdout
+
+
+# A signal handled while a finalizer runs: Python prints the handler's SystemExit as "ignored"
+# and goes on, so the bench would reach its normal end with status 0.
+DROPPED = f"""
+import os, signal, sys, weakref
+sys.path.insert(0, {str(REPO)!r})
+from bench import processes
+processes.install()
+class Thing: pass
+thing = Thing()
+def finalizer():
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):  # the handler runs at a bytecode boundary, inside the finalizer
+        pass
+weakref.finalize(thing, finalizer)
+del thing
+print("went on", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_whose_exit_python_dropped_still_ends_the_bench_with_its_status():
+    done = subprocess.run([sys.executable, "-c", DROPPED], capture_output=True, text=True,
+                          timeout=60)
+    assert "Exception ignored" in done.stderr, done.stderr  # the case this test is about
+    assert "went on" in done.stdout
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr

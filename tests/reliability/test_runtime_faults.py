@@ -184,7 +184,7 @@ def _start_with_proxied_worker(job: LocalJob, tmp_path: Path) -> TcpProxy:
     proxy = TcpProxy(wire.parse_addr(addr))
     job.add_worker("w0")
     job.add_worker("w1")
-    wait_for_joiners(job, 2)
+    wait_for_joiners(job, ["w0", "w1"])
     job.add_worker("w2", env_extra={"EDT_DRIVER_ADDR": proxy.addr})
     wait_for_step(tmp_path, lambda s: s["batch"] == 2, "steps at size 3")
     return proxy
