@@ -120,7 +120,7 @@ def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path, model: s
     hold = tmp_path / "hold"
     hold.mkdir()
     env = base_env(tmp_path, TEST_SAMPLES=str(SAMPLES), TEST_HOLD_DIR=str(hold),
-                   TEST_HOLD_AT="0:2,1:3", TEST_MODEL=model)
+                   TEST_HOLD_AT="0:2,0:6,1:3", TEST_MODEL=model)
     with LocalJob(SCRIPT, env=env) as job:
         job.start_driver()
         job.add_worker("w0")
@@ -130,9 +130,14 @@ def test_it_keeps_the_mathematics_when_rescaled_1_4_2_3(tmp_path: Path, model: s
         wait_for_joiners(job, ["w1", "w2", "w3"])
         (hold / "go-0-2").touch()
         wait_for_step(tmp_path, lambda s: s["size"] == 4, "size 4")
+        # Both leave requests reach the driver while step 6 is held, so both leave at its
+        # end: asked while training ran, a fast machine let one leave a step before the other.
+        wait_until(lambda: (hold / "at-0-6").exists(), "the job held at step 6")
         leavers = [threading.Thread(target=job.remove_worker, args=(w,)) for w in ("w3", "w2")]
         for t in leavers:
             t.start()
+        wait_until(lambda: set(job.status()["leaving"]) == {"w2", "w3"}, "both leave requests")
+        (hold / "go-0-6").touch()
         for t in leavers:
             t.join()
         assert job.workers["w3"].returncode == 0 and job.workers["w2"].returncode == 0
