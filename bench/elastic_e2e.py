@@ -44,14 +44,13 @@ from typing import Any
 
 from bench import harness
 from bench.harness import percentile, step_rows, wait_for
+from bench.runtime_tf import model_vars
 
 SLOTS_PER_HOST, HOSTS = 2, 2
 # The model each framework trains: bench/runtime.py's MLP, or bench/runtime_tf.py's, the same
 # layers in Keras (--framework tensorflow, the [tensorflow] extra).
 MAINS = {"PyTorch": "from bench.runtime import as_fabric\n\nas_fabric()\n",
          "TensorFlow": "from bench.runtime_tf import as_fabric\n\nas_fabric()\n"}
-TF_VARS = {"BENCH_BATCH": "64", "BENCH_WIDTH": "1024", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 
 
 class Bench(harness.ProductCluster):
@@ -59,7 +58,8 @@ class Bench(harness.ProductCluster):
 
     def __init__(self, tmp: Path, framework: str = "PyTorch") -> None:
         super().__init__(tmp, "mlp", MAINS[framework], framework)
-        self.extra = TF_VARS if framework == "TensorFlow" else {}
+        # The Keras MLP's width and batch: those of bench/runtime.py's MLP (1024, 64).
+        self.extra = model_vars(64, 1024) if framework == "TensorFlow" else {}
 
     def start(self) -> None:
         super().start(HOSTS, SLOTS_PER_HOST)

@@ -168,12 +168,16 @@ def as_tape() -> None:
 
 
 # -- the harness side --------------------------------------------------------------------
-def _vars(w: TfWorkload, workers: int) -> dict[str, str]:
-    """One epoch of exactly ``w.steps`` steps at ``workers`` x ``w.batch`` samples each; one
+def model_vars(batch: int, width: int) -> dict[str, str]:
+    """The Keras MLP's variables (``as_fabric``): its width, the micro-batch per worker, one
     thread per process for TensorFlow's pools (read at its start) and OpenMP alike."""
-    return {"BENCH_BATCH": str(w.batch), "BENCH_WIDTH": str(w.width),
-            "BENCH_SAMPLES": str(w.steps * w.batch * workers), "TF_CPP_MIN_LOG_LEVEL": "2",
+    return {"BENCH_BATCH": str(batch), "BENCH_WIDTH": str(width), "TF_CPP_MIN_LOG_LEVEL": "2",
             "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+
+
+def _vars(w: TfWorkload, workers: int) -> dict[str, str]:
+    """One epoch of exactly ``w.steps`` steps at ``workers`` x ``w.batch`` samples each."""
+    return {**model_vars(w.batch, w.width), "BENCH_SAMPLES": str(w.steps * w.batch * workers)}
 
 
 def compare(tmp: Path, w: TfWorkload, workers: int, rounds: int) -> dict[str, float]:

@@ -38,7 +38,7 @@ from .keras_model import KerasModel, KerasState
 from .membership import membership_for
 from .metrics import StepStats
 from .process_group import all_reduce_cpu
-from .randomness import Randomness, micro_batch_seed
+from .randomness import Randomness
 from .sampler import ElasticSampler, shard
 from .step_loop import StepLoop, run_loop
 
@@ -170,8 +170,8 @@ class KerasTrainer(StepLoop):
         for b, fut in zip(mine, futures, strict=True):
             x, y = self.batches.split(fut.result())
             try:
-                with self.randomness.micro_batch(epoch, step, b):
-                    self.km.reseed(micro_batch_seed(self.env.seed, epoch, step, b))
+                with self.randomness.micro_batch(epoch, step, b) as seed:
+                    self.km.reseed(seed)
                     loss, values, flat = self.km.micro_batch(x, y, len(micro[b]) / total)
             except (UserCodeError, PeerFailure):
                 raise

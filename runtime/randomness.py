@@ -84,8 +84,10 @@ class Randomness:
             yield
 
     @contextmanager
-    def micro_batch(self, epoch: int, step: int, micro_batch: int) -> Iterator[None]:
-        """Around the forward pass of micro-batch ``micro_batch`` of ``(epoch, step)``."""
+    def micro_batch(self, epoch: int, step: int, micro_batch: int) -> Iterator[int]:
+        """Around the forward pass of micro-batch ``micro_batch`` of ``(epoch, step)``; gives
+        the seed, for a framework's own generators (Keras's random layers)."""
+        seed = micro_batch_seed(self.job_seed, epoch, step, micro_batch)
         with self._lock:
-            self._seed(micro_batch_seed(self.job_seed, epoch, step, micro_batch), gpu=True)
-            yield
+            self._seed(seed, gpu=True)
+            yield seed
