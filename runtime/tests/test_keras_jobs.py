@@ -5,9 +5,8 @@ step and the final weights of a run rescaled 1 -> 3 -> 2 mid-epoch, or with a wo
 SIGKILLed mid-step, are those of the fixed-size run within 1e-4 relative, and every sample
 is seen once per epoch.
 
-TensorFlow is an optional extra (``pip install -e '.[tensorflow]'``), not in ``.[test]``:
-where it is not installed these tests skip with that reason; ``.ci/run-tensorflow`` installs
-it and runs them (see docs/coming-from-wmla.md).
+TensorFlow is an optional extra of the product (``[tensorflow]``) that the test extra installs:
+these run in every suite; ``./edt test -m tensorflow`` runs the TensorFlow tests alone.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import io
 import zipfile
 from pathlib import Path
 
+import h5py  # tf-keras's checkpoint format, installed with it
 import numpy as np
 import pytest
 
@@ -32,10 +32,6 @@ from .helpers import (
     wait_for_joiners,
     wait_for_step,
 )
-
-pytest.importorskip("tensorflow", reason="TensorFlow is the optional extra [tensorflow]: "
-                    "pip install -e '.[tensorflow]' or run .ci/run-tensorflow")
-h5py = pytest.importorskip("h5py")
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
 

@@ -1,6 +1,6 @@
 """bench/runtime_tf.py at its smallest (the quick MLP, one worker, one round): both sides
 train, the table names them, and the last line is the JSON with ``overhead_ratio_tf_1``.
-Needs the [tensorflow] extra (``.ci/run-tensorflow``)."""
+Needs the [tensorflow] extra, which the test extra installs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ import sys
 import pytest
 
 from tests.benches.support import REPO
-
-pytest.importorskip("tensorflow", reason="TensorFlow is the optional extra [tensorflow]: "
-                    "pip install -e '.[tensorflow]' or run .ci/run-tensorflow")
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]
 

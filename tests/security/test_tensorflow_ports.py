@@ -33,8 +33,6 @@ from tests.security.test_driver_link import (
 )
 from tests.support import enterable_roots, tar_gz
 
-pytest.importorskip("tensorflow", reason="TensorFlow is the optional extra [tensorflow]: "
-                    "pip install -e '.[tensorflow]' or run .ci/run-tensorflow")
 psutil = pytest.importorskip("psutil")
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow]

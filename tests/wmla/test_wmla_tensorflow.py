@@ -13,8 +13,8 @@ Both also run standalone (``python main.py`` in the folder), and the reason the 
 folder reads ``mnist.npz`` with ``np.load`` is shown: ``load_data(path=...)`` refuses any file
 but the real MNIST.
 
-TensorFlow is the optional extra ``[tensorflow]``: where it is missing these skip, naming it;
-``.ci/run-tensorflow`` installs it and runs them.
+TensorFlow is the product's optional extra ``[tensorflow]``, which the test extra installs, so
+these run in every suite (``./edt test -m tensorflow``: alone).
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ from console.wmla.representation import job_pk_from
 from jobs.models import TrainingJob
 from models.models import ModelDefinition
 from tests.mnist_files import write_mnist_npz
-
-pytest.importorskip("tensorflow", reason="TensorFlow is the optional extra [tensorflow]: "
-                    "pip install -e '.[tensorflow]' or run .ci/run-tensorflow")
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow, pytest.mark.timeout(900)]
 
