@@ -2,7 +2,7 @@
 
 ``.venv/bin/python -m bench.environments [--reuses 5]`` (about 5 s, needs the package index).
 The product's own interpreter stands for the base (it holds torch); the layer is a small
-requirement set, one the base holds (six) and two it lacks (termcolor, tabulate), built by
+requirement set, one the base holds (six) and two it lacks (toolz, tabulate), built by
 ``environments.build.build_layer`` as the agent builds one, the first time a job needs it.
 
 The reuse path is what a second job of the same owner asking for the same set does on that
@@ -28,7 +28,7 @@ from bench.harness import install, print_result, table
 from environments import build
 from environments.spec import layer_key
 
-REQUIREMENTS = ["six", "tabulate", "termcolor"]
+REQUIREMENTS = ["six", "tabulate", "toolz"]
 OWNER = "bench"
 REUSE_TARGET_S = 1.0
 
@@ -39,7 +39,7 @@ def reuse(root: Path, key: str) -> float:
     python = build.layer_folder(root, OWNER, key) / "bin" / "python"
     if not python.exists():
         raise RuntimeError(f"no layer at {python}")
-    subprocess.run([str(python), "-c", "import six, tabulate, termcolor"], check=True,
+    subprocess.run([str(python), "-c", "import six, tabulate, toolz"], check=True,
                    timeout=60, env={"PATH": "/usr/bin:/bin"})
     return time.perf_counter() - started
 

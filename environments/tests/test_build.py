@@ -2,7 +2,7 @@
 (uv, the base's versions as constraints, only what the base lacks installed), their failures in
 the installer's words, their limits, and a layer built by its owner's account.
 
-The builds fetch small pure-Python packages from the index (PyPI: termcolor, tabulate; the
+The builds fetch small pure-Python packages from the index (PyPI: toolz, tabulate; the
 product's venv holds six and requests, and none of those two). The product's own venv stands
 for a base that holds torch.
 """
@@ -141,23 +141,23 @@ def test_a_base_is_the_products_python_with_its_packages_and_the_runtime(tmp_pat
 def test_a_layer_sees_the_bases_torch_and_installs_only_what_the_base_lacks(tmp_path, product):
     folder = _owner_folder(tmp_path)
     log = tmp_path / "build.log"
-    built = build.build_layer(PRODUCT_PYTHON, product, ["six", "termcolor"], folder, log,
+    built = build.build_layer(PRODUCT_PYTHON, product, ["six", "toolz"], folder, log,
                               timeout_s=60, max_bytes=50 << 20, account=None)
 
     installed_here = {p.name for p in _site(folder).iterdir()}
-    assert "termcolor" in installed_here
+    assert "toolz" in installed_here
     assert not {n for n in installed_here if n.startswith(("six", "torch"))}
     # What the job can import: the layer's and the base's.
     assert built.installed["torch"] == product["torch"]
     assert built.installed["six"] == product["six"]
-    assert {"termcolor", "torch", "six"} <= set(built.modules)
+    assert {"toolz", "torch", "six"} <= set(built.modules)
     assert "json" not in built.modules  # the standard library is not listed
-    code = ("import importlib.util as u, termcolor, six; "
-            "print(u.find_spec('torch').origin); print(six.__file__); print(termcolor.__file__)")
+    code = ("import importlib.util as u, toolz, six; "
+            "print(u.find_spec('torch').origin); print(six.__file__); print(toolz.__file__)")
     out = _run(built.python, code)
-    torch_at, six_at, termcolor_at = out.splitlines()
+    torch_at, six_at, toolz_at = out.splitlines()
     assert torch_at.startswith(sys.prefix) and six_at.startswith(sys.prefix)
-    assert termcolor_at.startswith(str(folder))
+    assert toolz_at.startswith(str(folder))
     assert "pip install --no-deps" in log.read_text()
     assert _leftovers(folder) == []
     assert (folder.parent / ".uv-cache").is_dir()
@@ -216,7 +216,7 @@ def test_a_build_past_its_time_is_killed_whole(tmp_path, product, monkeypatch):
     folder = _owner_folder(tmp_path)
     started = time.monotonic()
     with pytest.raises(build.BuildTimeout, match=r"^the build took longer than 1\.5 s$"):
-        build.build_layer(PRODUCT_PYTHON, product, ["termcolor"], folder, io.BytesIO(),
+        build.build_layer(PRODUCT_PYTHON, product, ["toolz"], folder, io.BytesIO(),
                           timeout_s=1.5, max_bytes=50 << 20, account=None)
     assert time.monotonic() - started < 10
     assert not _alive(int(pid_file.read_text()))
@@ -229,7 +229,7 @@ def test_a_layer_over_its_size_fails_and_leaves_nothing(tmp_path, product):
     # Each file fits (tabulate's largest is about 106 KiB), all of them do not.
     with pytest.raises(build.BuildError, match=r"^the environment takes .* more than its "
                                                r"limit of 146 KiB$"):
-        build.build_layer(PRODUCT_PYTHON, product, ["termcolor", "tabulate"], folder,
+        build.build_layer(PRODUCT_PYTHON, product, ["toolz", "tabulate"], folder,
                           io.BytesIO(), timeout_s=60, max_bytes=150_000, account=None)
     assert not folder.exists() and _leftovers(folder) == []
 
@@ -255,14 +255,14 @@ def test_a_layer_is_built_by_its_owners_account(product):
         folder.parent.parent.mkdir()
         folder.parent.mkdir(mode=0o700)
         os.chown(folder.parent, *ACCOUNT)
-        built = build.build_layer(PRODUCT_PYTHON, product, ["termcolor"], folder,
+        built = build.build_layer(PRODUCT_PYTHON, product, ["toolz"], folder,
                                   io.BytesIO(), timeout_s=60, max_bytes=50 << 20,
                                   account=ACCOUNT)
         # Everything the build made is the account's: its processes ran as it.
         made = [folder, *folder.rglob("*"), folder.parent / ".uv-cache"]
         assert {(p.lstat().st_uid, p.lstat().st_gid) for p in made} == {ACCOUNT}
-        assert "termcolor" in built.installed
-        assert _run(built.python, "import termcolor, six", user=ACCOUNT) == ""
+        assert "toolz" in built.installed
+        assert _run(built.python, "import toolz, six", user=ACCOUNT) == ""
         # Another user's job can neither change this layer nor the base every job imports.
         targets = [str(_site(folder)), _purelib(PRODUCT_PYTHON)]
         tries = ("import os\n"
