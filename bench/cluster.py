@@ -51,14 +51,14 @@ def cluster(hosts: int = HOSTS, slots: int = SLOTS) -> dict[str, int]:
     return {f"h{i:04d}": slots for i in range(hosts)}
 
 
-def simulate(args: tuple[Path, str, str, str, Costs, float]) -> Summary:
+def simulate(args: tuple[Path, str, str, str, Costs, float, bool]) -> Summary:
     """One policy on one workload (a process of the pool: it reads its own traces)."""
-    data, workload, policy, rule, costs, interval = args
+    data, workload, policy, rule, costs, interval, kin = args
     apps = _apps(data)
     hosts = cluster()
     total = sum(hosts.values())
     jobs = load(data / "workloads" / f"{workload}.csv", apps, rule, total)
-    run = Simulator(hosts, apps, policy, costs, interval).run(jobs)
+    run = Simulator(hosts, apps, policy, costs, interval, kin=kin).run(jobs)
     return summarize(run, apps, total, SLOTS)
 
 
@@ -111,8 +111,9 @@ def decision_ms(jobs: int, hosts: int, slots: int) -> dict[str, float]:
 
 
 def run_all(data: Path, rule: str, costs: Costs, interval: float, workloads: list[str],
-            policies: tuple[str, ...], workers: int) -> dict[tuple[str, str], Summary]:
-    tasks = [(data, w, p, rule, costs, interval) for w in workloads for p in policies]
+            policies: tuple[str, ...], workers: int, kin: bool = True
+            ) -> dict[tuple[str, str], Summary]:
+    tasks = [(data, w, p, rule, costs, interval, kin) for w in workloads for p in policies]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(simulate, tasks))
     return {(t[1], t[2]): r for t, r in zip(tasks, results, strict=True)}
@@ -199,6 +200,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip-real", action="store_true",
                         help="do not run the real product for sim_vs_real_max_err")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-kin", action="store_true",
+                        help="goodput learns only from each job's own measurements, not from "
+                             "earlier jobs of its application and batch")
     args = parser.parse_args(argv)
     harness.install()  # the pool's processes (and the real run's) end with the bench
     workloads = args.workloads.split(",")
@@ -206,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     costs = Costs(args.grow_s, args.shrink_s, args.start_s, args.finish_s, args.handoff_s)
     started = time.perf_counter()
     results = run_all(args.data, args.max_workers, costs, args.interval, workloads, policies,
-                      args.workers)
+                      args.workers, kin=not args.no_kin)
     simulated_s = time.perf_counter() - started
     figures = {p: overall(results, p) for p in policies}
     decide = {}
@@ -215,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         decide = decision_ms(jobs, hosts, 8)
     print_tables(results, workloads, policies, paper_means(args.data), figures, decide)
     print(f"\nsimulated {len(results)} runs in {simulated_s:.0f} s; max workers: "
-          f"{args.max_workers}; rescale costs: {asdict(costs)}")
+          f"{args.max_workers}; goodput learns from kin: {not args.no_kin}; rescale costs: "
+          f"{asdict(costs)}")
     real = None
     if not args.skip_real:
         from bench import cluster_real

@@ -1,22 +1,31 @@
 """What the ``goodput`` policy knows of each job: its throughput at each size it has run at,
 read from its step reports (``JobMetric`` train rows carry ``samples_per_s`` and ``workers``),
-the work it has left (its epochs), and the slot-time it has had (its allocations)."""
+completed by what its kin measured (other jobs of the same model, data and global batch), the
+work it has left (its epochs), and the slot-time it has had (its allocations)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db.models import Q
+
 from jobs.models import JobMetric, SlotAllocation, TrainingJob
-from scheduler.throughput import Observation, ThroughputModel, fit
+from scheduler.throughput import Observation, ThroughputModel, fit, with_kin
 
 # Reports older than this are not used: a job's speed drifts (data, other jobs on the host),
 # and reading a long history every cycle would cost more than it tells.
 WINDOW = timedelta(minutes=30)
 # At most this many reports per job are read each cycle (the newest).
 ROWS_PER_JOB = 400
+# A job's kin (``kin``) are read from the jobs that ran in the last day, the newest first, at
+# most this many per kind: a rerun of yesterday's model is the case to serve, and the read stays
+# bounded however long the model's history.
+KIN_WINDOW = timedelta(days=1)
+KIN_JOBS = 20
 
 
 @dataclass(frozen=True)
@@ -34,15 +43,16 @@ def _latest(epoch: int, iteration: int, values: dict, rate: float) -> Latest:
     return Latest(epoch, iteration, int(steps) if isinstance(steps, int | float) else 0, rate)
 
 
-def observations(job_ids: list[int], now: datetime, slots_per_host: int
+def observations(job_ids: list[int], now: datetime, slots_per_host: int,
+                 window: timedelta = WINDOW
                  ) -> tuple[dict[int, list[Observation]], dict[int, Latest]]:
     """Each job's median samples per second at each worker count it reported (the newest
-    reports), and its newest report. The hosts a size spread over are not in the reports: the
-    placement packs, so ``ceil(workers / slots_per_host)``."""
+    reports, of the last ``window``), and its newest report. The hosts a size spread over are
+    not in the reports: the placement packs, so ``ceil(workers / slots_per_host)``."""
     per: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     latest: dict[int, Latest] = {}
     rows = (JobMetric.objects
-            .filter(job_id__in=job_ids, kind=JobMetric.Kind.TRAIN, ts__gte=now - WINDOW,
+            .filter(job_id__in=job_ids, kind=JobMetric.Kind.TRAIN, ts__gte=now - window,
                     workers__gt=0)
             .order_by("-ts").values_list("job_id", "workers", "epoch", "iteration", "values"))
     for job_id, workers, epoch, iteration, values in rows[:ROWS_PER_JOB * max(len(job_ids), 1)]:
@@ -59,6 +69,62 @@ def observations(job_ids: list[int], now: datetime, slots_per_host: int
         for job_id, sizes in per.items()
     }
     return seen, latest
+
+
+# What makes two jobs kin: the same definition (model, data, devices per worker, instance
+# group, i.e. its hosts, arguments and variables) and the same steps per epoch, which on the
+# same data means the same global batch. Hyper-parameters are not in it, so that the trials
+# of a search are kin (nor is ``SUBID``, which only numbers a trial): a learning rate does not
+# change a step's cost, and where a hyper-parameter does, the job's own measurements win and
+# scale its kin's (``scheduler.throughput.with_kin``).
+Kind = tuple[int, int | None, int, int, str, str, int]
+NOT_IN_KIND = frozenset({"SUBID"})
+
+
+def _kind(job: TrainingJob, latest: Latest | None) -> Kind | None:
+    """A job's kind once its first report has said its steps per epoch; None before."""
+    if latest is None or not latest.steps_per_epoch:
+        return None
+    env = {k: v for k, v in (job.env_vars or {}).items() if k not in NOT_IN_KIND}
+    return (job.model_id, job.dataset_id, job.devices_per_worker, job.instance_group_id,
+            job.args, json.dumps(env, sort_keys=True), latest.steps_per_epoch)
+
+
+def kin(jobs: list[TrainingJob], latest: dict[int, Latest], now: datetime,
+        slots_per_host: int) -> dict[int, list[Observation]]:
+    """Per job (once it has reported), what its kin measured: the median over the other jobs
+    of its kind, of each one's median samples per second at each size (as ``observations``).
+    ``scheduler.throughput.with_kin`` merges them with the job's own."""
+    kinds = {j.pk: k for j in jobs if (k := _kind(j, latest.get(j.pk)))}
+    if not kinds:
+        return {}
+    match = Q()
+    for model, dataset, devices, group, *_ in set(kinds.values()):
+        match |= Q(model_id=model, dataset_id=dataset, devices_per_worker=devices,
+                   instance_group_id=group)
+    candidates = list(
+        TrainingJob.objects.filter(match, started__isnull=False)
+        .filter(Q(finished__isnull=True) | Q(finished__gte=now - KIN_WINDOW))
+        .only("model_id", "dataset_id", "devices_per_worker", "instance_group_id", "args",
+              "env_vars")
+        .order_by("-created")[:KIN_JOBS * len(set(kinds.values()))])
+    seen, their_latest = observations([c.pk for c in candidates], now, slots_per_host,
+                                      KIN_WINDOW)
+    by_kind: dict[Kind, list[int]] = defaultdict(list)
+    for candidate in candidates:
+        if (k := _kind(candidate, their_latest.get(candidate.pk))) is not None:
+            by_kind[k].append(candidate.pk)
+    return {job_id: _median_of(seen, [o for o in by_kind[k] if o != job_id])
+            for job_id, k in kinds.items()}
+
+
+def _median_of(seen: dict[int, list[Observation]], job_ids: list[int]) -> list[Observation]:
+    """At each shape any of the jobs measured, the median of their rates there."""
+    rates: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for job_id in job_ids:
+        for o in seen.get(job_id, []):
+            rates[(o.workers, o.hosts)].append(o.samples_per_s)
+    return [Observation(n, k, statistics.median(v)) for (n, k), v in sorted(rates.items())]
 
 
 def remaining_samples(job: TrainingJob, now: datetime, latest: Latest | None) -> float | None:
@@ -98,15 +164,17 @@ def slot_seconds(job_ids: list[int], now: datetime) -> dict[int, float]:
 
 
 def models(jobs: list[TrainingJob], now: datetime, slots_per_host: int) -> dict[int, Learned]:
-    """Per job: its fitted throughput model, the samples it has left (or None), its age and
-    the slot-seconds it has held."""
+    """Per job: its throughput model (fitted to its own measurements and its kin's), the
+    samples it has left (or None), its age and the slot-seconds it has held."""
     ids = [j.pk for j in jobs]
     seen, latest = observations(ids, now, slots_per_host)
+    learned_from_kin = kin(jobs, latest, now, slots_per_host)
     held = slot_seconds(ids, now)
     out = {}
     for job in jobs:
+        own = seen.get(job.pk, [])
         out[job.pk] = Learned(
-            rate=fit(seen.get(job.pk, []), slots_per_host),
+            rate=fit(with_kin(own, learned_from_kin.get(job.pk, [])), slots_per_host),
             remaining=remaining_samples(job, now, latest.get(job.pk)),
             history=(max((now - job.created).total_seconds(), 0.0), held.get(job.pk, 0.0)),
         )

@@ -20,6 +20,7 @@ size is known the prior decides the shape; each new size measured replaces the g
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -99,3 +100,24 @@ def _fit(observations: tuple[Observation, ...], slots_per_host: int) -> Throughp
         targets.append(weight * p)
     params, _ = nnls(np.array(rows), np.array(targets))
     return ThroughputModel(tuple(float(p) * unit for p in params), slots_per_host)
+
+
+def with_kin(own: Sequence[Observation], kin: Sequence[Observation]) -> list[Observation]:
+    """A job's own measurements, completed by its kin's: what earlier or concurrent jobs of the
+    same model, data and global batch measured at shapes this job has not run at.
+
+    A rerun (a retraining, a hyper-parameter search's next trial) scales as its kin did, so a
+    new job need not start from the prior's guess. Its own measurement at a shape always wins;
+    the kin's are scaled by how fast this job runs against them where both measured (the median
+    ratio), so a job on slower hosts or with a costlier setting keeps its own level. Kin are
+    used only once the job has measured a size itself: until then it is not known to be alike.
+    """
+    if not own:
+        return []
+    mine = {(o.workers, o.hosts): o.samples_per_s for o in own}
+    ratios = [mine[(o.workers, o.hosts)] / o.samples_per_s for o in kin
+              if (o.workers, o.hosts) in mine and o.samples_per_s > 0]
+    scale = statistics.median(ratios) if ratios else 1.0
+    extra = {(o.workers, o.hosts): o.samples_per_s * scale for o in kin
+             if (o.workers, o.hosts) not in mine and o.samples_per_s > 0}
+    return list(own) + [Observation(n, k, v) for (n, k), v in sorted(extra.items())]

@@ -12,6 +12,8 @@ to event (an arrival, a completion, the scheduler's timer) instead of ticking:
   (``scheduler.groups.divide``, as the service does), then each group's jobs share its slots.
 - A job measures its speed at each shape it trains at (an ``Observation``, as its step reports
   do in the product) once it has trained there for ``measure_s`` (default ``MEASURE_S``).
+  With ``kin`` (default, as the product's ``scheduler.measured``), a job that has measured
+  one shape also knows what jobs of the same application and batch measured at the others.
 - It finishes when it has made its ``steps_to_target(batch)`` steps.
 
 The ``fixed`` baseline is what a cluster without elasticity does: first come, first served,
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from scheduler.groups import GroupDemand, divide
 from scheduler.placement import place
 from scheduler.policy import JobDemand, allocate
-from scheduler.throughput import Observation, fit
+from scheduler.throughput import Observation, fit, with_kin
 
 from .traces import AppTrace
 
@@ -134,11 +136,14 @@ class Simulator:
 
     def __init__(self, hosts: dict[str, int], apps: dict[str, AppTrace], policy: str,
                  costs: Costs = Costs(), interval_s: float = 60.0,
-                 weights: dict[str, int] | None = None, measure_s: float = MEASURE_S) -> None:
+                 weights: dict[str, int] | None = None, measure_s: float = MEASURE_S,
+                 kin: bool = True) -> None:
         """``weights``: each instance group's share weight (``SimJob.group``; 1 if absent)
         when several groups share the hosts. ``measure_s``: how long a job trains at a shape
-        before the scheduler knows its speed there."""
+        before the scheduler knows its speed there. ``kin``: whether ``goodput`` learns from
+        other jobs of the same application and batch (``scheduler.throughput.with_kin``)."""
         self.measure_s = measure_s
+        self.kin = kin
         self.weights = weights or {}
         self.hosts = hosts
         self.apps = apps
@@ -201,6 +206,7 @@ class Simulator:
         shape = (r.n, r.hosts)
         if shape not in r.seen and end - r.shape_since >= self.measure_s:
             r.seen[shape] = r.job.batch * r.speed()
+            state.kin.setdefault((r.job.app, r.job.batch), {})[shape] = r.seen[shape]
         if r.steps_left <= EPS * max(1.0, r.app.steps_to_target(r.job.batch)):
             r.ends_at = end + self.costs.finish_s
             if end >= r.ends_at - EPS:
@@ -225,7 +231,8 @@ class Simulator:
             targets = {}
             for group, hosts in self._shares(state).items():
                 members = [r for r in state.active if r.job.group == group]
-                decision = allocate(hosts, [self._demand(r) for r in members], self.policy)
+                decision = allocate(hosts, [self._demand(r, state) for r in members],
+                                    self.policy)
                 targets.update({r.index: decision.placements[r.index] for r in members})
         state.decision_s += time.perf_counter() - started
         state.decisions += 1
@@ -259,10 +266,14 @@ class Simulator:
                 demand=sum(r.job.max_workers for r in members), held=held))
         return {g: share.slots for g, share in divide(self.hosts, demands).items()}
 
-    def _demand(self, r: _Running) -> JobDemand:
+    def _demand(self, r: _Running, state: _State) -> JobDemand:
         rate = None
         if self.policy == "goodput":
             observed = [Observation(n, k, v) for (n, k), v in sorted(r.seen.items())]
+            if self.kin:
+                kin = state.kin.get((r.job.app, r.job.batch), {})
+                observed = with_kin(observed, [Observation(n, k, v)
+                                               for (n, k), v in sorted(kin.items())])
             rate = fit(observed, self.slots_per_host)
         return JobDemand(job_id=r.index, priority=r.job.priority, max_workers=r.job.max_workers,
                          submitted=r.job.arrival, placement=dict(r.placement),
@@ -328,6 +339,8 @@ class _State:
         # (time, jobs in the cluster from then on)
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self._index = 0
+        # Samples per second each (application, batch) was measured at per (slots, hosts).
+        self.kin: dict[tuple[str, int], dict[tuple[int, int], float]] = {}
 
     def next_index(self) -> int:
         self._index += 1

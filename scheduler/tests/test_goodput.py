@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from scheduler import goodput
 from scheduler.policy import JobDemand, allocate
 from scheduler.tests.test_policy import clusters
-from scheduler.throughput import PRIOR, Observation, fit
+from scheduler.throughput import PRIOR, Observation, fit, with_kin
 
 PROPERTY_SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -162,6 +162,23 @@ def test_the_model_learns_that_a_job_does_not_scale():
 
 def test_the_model_ignores_a_report_without_throughput():
     assert fit([Observation(2, 1, 0.0)]).params == PRIOR
+
+
+def test_kin_fill_the_sizes_a_job_has_not_run_at_scaled_to_its_own_speed():
+    own = [Observation(1, 1, 50.0), Observation(2, 1, 95.0)]
+    kin = [Observation(1, 1, 100.0), Observation(2, 1, 150.0), Observation(4, 1, 300.0),
+           Observation(8, 2, 400.0), Observation(16, 4, 0.0)]  # a rate of 0 says nothing
+    merged = {(o.workers, o.hosts): o.samples_per_s for o in with_kin(own, kin)}
+    # Its own measurements win; its kin's elsewhere, times the median of its ratios to them
+    # where both measured (0.5 and 0.633).
+    scale = (0.5 + 95.0 / 150.0) / 2
+    assert merged == {(1, 1): 50.0, (2, 1): 95.0, (4, 1): pytest.approx(300.0 * scale),
+                      (8, 2): pytest.approx(400.0 * scale)}
+    # A job that has measured nothing is not yet known to be like them.
+    assert with_kin([], kin) == []
+    # Without a size in common, the kin's rates as they are.
+    assert with_kin([Observation(3, 1, 10.0)], kin[:1]) == [Observation(3, 1, 10.0),
+                                                            Observation(1, 1, 100.0)]
 
 
 def test_a_job_behind_its_fair_share_of_slot_time_catches_up():

@@ -17,6 +17,7 @@ from jobs.models import JobMetric, TrainingJob
 from scheduler.measured import models, observations
 from scheduler.service import SchedulerService
 from scheduler.tests.test_service import RecordingExecutor, confirm_left, submit
+from scheduler.throughput import PRIOR, Observation, fit
 
 
 @pytest.fixture(autouse=True)
@@ -51,11 +52,15 @@ def published() -> list[dict]:
         client.close()
 
 
-def report(job, workers: int, samples_per_s: float, count: int = 3) -> None:
+def report(job, workers: int, samples_per_s: float, count: int = 3,
+           steps_per_epoch: int | None = None) -> None:
     """What the runtime's step reports leave in the database."""
+    values = {"loss": 1.0, "samples_per_s": samples_per_s}
+    if steps_per_epoch:
+        values["steps_per_epoch"] = steps_per_epoch
     JobMetric.objects.bulk_create([
         JobMetric(job=job, kind=JobMetric.Kind.TRAIN, iteration=i, workers=workers,
-                  values={"loss": 1.0, "samples_per_s": samples_per_s})
+                  values=values)
         for i in range(count)])
 
 
@@ -90,6 +95,44 @@ def test_it_knows_the_work_left_from_the_first_report(owner, model_def, cluster)
                              ts=now + timedelta(seconds=1))  # the newest report
     learned = models([job], now + timedelta(seconds=1), 4)[job.pk]
     assert learned.remaining == pytest.approx(300 * 380.0)
+
+
+@pytest.mark.django_db
+def test_a_job_learns_what_its_kin_measured_at_sizes_it_has_not_run_at(
+        owner, model_def, cluster, django_assert_num_queries):
+    """A search's first trial measured 1 and 8 workers. Its next trial (another SUBID, other
+    hyper-parameters: the same model, data, global batch and variables otherwise) has measured
+    1 worker, at half the first's speed there, so it is expected at half its speed on 8. A job
+    of another batch (steps per epoch), one with another variable, and one that has not
+    reported yet learn nothing from it."""
+    now = timezone.now()
+
+    def trial(number: int, **kw) -> TrainingJob:
+        return submit(owner, model_def, cluster, max_workers=8,
+                      env_vars={"SUBID": str(number), "DEPTH": "3", **kw},
+                      hyper_parameters={"lr": 0.1 / number})
+
+    first = trial(1)
+    TrainingJob.objects.filter(pk=first.pk).update(
+        started=now - timedelta(hours=2), finished=now - timedelta(hours=1))
+    report(first, 1, 200.0, steps_per_epoch=10)
+    report(first, 8, 1000.0, steps_per_epoch=10)
+    second, other_batch, other_depth, silent = trial(2), trial(3), trial(4, DEPTH="50"), trial(5)
+    TrainingJob.objects.filter(pk__in=[second.pk, other_batch.pk, other_depth.pk]).update(
+        started=now)
+    report(second, 1, 100.0, steps_per_epoch=10)
+    report(other_batch, 1, 100.0, steps_per_epoch=20)
+    report(other_depth, 1, 100.0, steps_per_epoch=10)
+    ids = [second.pk, other_batch.pk, other_depth.pk, silent.pk]
+    jobs = list(TrainingJob.objects.filter(pk__in=ids))
+    # Its reports, its kin's jobs, their reports, the slot-time held: however many kin.
+    with django_assert_num_queries(4):
+        learned = models(jobs, now, 4)
+    assert learned[second.pk].rate.rate(8) == pytest.approx(500.0, rel=0.05)
+    alone = fit([Observation(1, 1, 100.0)], 4)
+    for job in (other_batch, other_depth):
+        assert learned[job.pk].rate.rate(8) == pytest.approx(alone.rate(8)), job
+    assert learned[silent.pk].rate.params == PRIOR
 
 
 @pytest.mark.django_db

@@ -159,6 +159,25 @@ def test_goodput_learns_each_jobs_throughput_and_gives_the_slots_to_the_one_that
     assert good["flat"].jct < 1.05 * fair["flat"].jct
 
 
+def test_goodput_learns_from_an_earlier_job_of_the_same_application_and_batch():
+    """"first" (max 1 GPU) measures that "flat" trains 10x faster on 1 GPU than on 4. The next
+    "flat" job starts on 4 (its fair share); once it has measured there, it knows its kin's
+    1 GPU too, drops to it and gives "scales" 7. Without kin it never learns 1 GPU."""
+    apps = {"lin": linear_app(), "flat": linear_app("flat", overhead=10.0)}
+    jobs = [job("first", app="flat", max_workers=1),
+            job("flat", app="flat", arrival=200.0, max_workers=8),
+            job("scales", app="lin", arrival=200.0, max_workers=8)]
+    hosts = {"h1": 4, "h2": 4}
+    runs = {kin: {r.job.name: r for r in Simulator(hosts, apps, "goodput", NO_COST, 5.0,
+                                                    kin=kin).run(jobs).results}
+            for kin in (True, False)}
+    # 10 s on 4 GPUs at 10.25 s a step, then its other steps at 1 s on 1 GPU.
+    assert runs[True]["flat"].jct == pytest.approx(10.0 + 100.0 - 10.0 / 10.25)
+    # 40 steps in 10 s on 4 GPUs, its other 60 on 7.
+    assert runs[True]["scales"].jct == pytest.approx(10.0 + 60.0 / 7)
+    assert runs[False]["flat"].jct > 5 * runs[True]["flat"].jct
+
+
 def test_every_policy_finishes_every_job_of_a_paper_workload():
     apps = load_apps(DATA / "traces")
     jobs = load(DATA / "workloads" / "workload-3.csv", apps, "scalable", 64)[:40]
