@@ -113,6 +113,11 @@ def build_env(job: TrainingJob, role: str, extra: dict[str, str] | None = None) 
         env["EDT_FRAMEWORK"] = "tensorflow"
         env["TF_USE_LEGACY_KERAS"] = "1"
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        # TensorFlow sizes its two thread pools to the host's cores, for every worker: on a
+        # host of many slots that is many times the cores. Each worker gets the threads a
+        # PyTorch worker gets (OMP_NUM_THREADS), unless the job's own variables say more.
+        env["TF_NUM_INTRAOP_THREADS"] = env["OMP_NUM_THREADS"]
+        env["TF_NUM_INTEROP_THREADS"] = env["OMP_NUM_THREADS"]
     if job.instance_group.keep_best_by:
         env["EDT_KEEP_BEST_BY"] = job.instance_group.keep_best_by
     # Submit refuses reserved names (jobs.validation); a row written before that rule, or by

@@ -287,6 +287,22 @@ def test_each_owner_gets_an_account_of_their_own_only_under_a_root_agent(
 
 
 @pytest.mark.django_db
+def test_a_tensorflow_worker_gets_the_threads_a_pytorch_worker_gets(job, monkeypatch):
+    from agent import environment
+
+    monkeypatch.setattr(environment.fabric_home, "built", True)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert "TF_NUM_INTRAOP_THREADS" not in environment.build_env(job, "worker")
+    job.model.framework = "TensorFlow"
+    env = environment.build_env(job, "worker")
+    assert (env["OMP_NUM_THREADS"], env["TF_NUM_INTRAOP_THREADS"],
+            env["TF_NUM_INTEROP_THREADS"]) == ("2", "2", "2")
+    # The job's own variables win.
+    job.env_vars = {"TF_NUM_INTRAOP_THREADS": "8"}
+    assert environment.build_env(job, "worker")["TF_NUM_INTRAOP_THREADS"] == "8"
+
+
+@pytest.mark.django_db
 @pytest.mark.slow
 def test_a_job_under_its_owners_account_can_ask_who_it_runs_as(job, settings, monkeypatch):
     # The per-owner uid has no passwd entry: getpass.getuser() (torch calls it when it first
