@@ -15,6 +15,10 @@ to event (an arrival, a completion, the scheduler's timer) instead of ticking:
   With ``kin`` (default, as the product's ``scheduler.measured``), a job that has measured
   one shape also knows what jobs of the same application and batch measured at the others.
 - It finishes when it has made its ``steps_to_target(batch)`` steps.
+- ``adapt_batch`` is a what-if, not the product (our runtime keeps each job's batch): each job
+  may also train at a larger validated global batch, as Pollux's do, and its progress is
+  counted in steps of its own batch (``AppTrace.progress_rate``); its max workers grow with the
+  largest batch, and the policy learns the progress rate (Pollux's goodput) as its throughput.
 
 The ``fixed`` baseline is what a cluster without elasticity does: first come, first served,
 each job waits until its ``num_replicas`` slots are free and keeps exactly those to the end.
@@ -25,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduler.groups import GroupDemand, divide
 from scheduler.placement import place
@@ -92,6 +96,8 @@ class _Running:
     slot_s: float = 0.0
     # When it ends, once its last step is done (``Costs.finish_s`` after it).
     ends_at: float | None = None
+    # The what-if of ``Simulator(adapt_batch=True)``.
+    adapt: bool = False
 
     @property
     def n(self) -> int:
@@ -105,7 +111,7 @@ class _Running:
         """Steps per second at the current shape (0 with no slot)."""
         if not self.n:
             return 0.0
-        return 1.0 / self.app.step_time(self.n, self.hosts, self.job.batch)
+        return self.app.progress_rate(self.n, self.hosts, self.job.batch, self.adapt)
 
 
 @dataclass
@@ -137,13 +143,15 @@ class Simulator:
     def __init__(self, hosts: dict[str, int], apps: dict[str, AppTrace], policy: str,
                  costs: Costs = Costs(), interval_s: float = 60.0,
                  weights: dict[str, int] | None = None, measure_s: float = MEASURE_S,
-                 kin: bool = True) -> None:
+                 kin: bool = True, adapt_batch: bool = False) -> None:
         """``weights``: each instance group's share weight (``SimJob.group``; 1 if absent)
         when several groups share the hosts. ``measure_s``: how long a job trains at a shape
         before the scheduler knows its speed there. ``kin``: whether ``goodput`` learns from
-        other jobs of the same application and batch (``scheduler.throughput.with_kin``)."""
+        other jobs of the same application and batch (``scheduler.throughput.with_kin``).
+        ``adapt_batch``: the what-if of jobs that also grow their batch (module docstring)."""
         self.measure_s = measure_s
         self.kin = kin
+        self.adapt_batch = adapt_batch
         self.weights = weights or {}
         self.hosts = hosts
         self.apps = apps
@@ -155,6 +163,8 @@ class Simulator:
         self.now = 0.0
 
     def run(self, jobs: Sequence[SimJob]) -> Run:
+        if self.adapt_batch:
+            jobs = [replace(j, max_workers=self._adapted_max(j)) for j in jobs]
         state = _State(sorted(jobs, key=lambda j: (j.arrival, j.name)))
         now = 0.0
         while state.pending_arrivals or state.active:
@@ -180,9 +190,16 @@ class Simulator:
         while state.pending_arrivals and state.pending_arrivals[0].arrival <= nxt + EPS:
             job = state.pending_arrivals.pop(0)
             state.active.append(_Running(job, self.apps[job.app], state.next_index(),
-                                         self.apps[job.app].steps_to_target(job.batch)))
+                                         self.apps[job.app].steps_to_target(job.batch),
+                                         adapt=self.adapt_batch))
         state.timeline.append((nxt, len(state.active)))
         return nxt
+
+    def _adapted_max(self, job: SimJob) -> int:
+        """An adapting job's max workers: as many as its largest batch splits over."""
+        app = self.apps[job.app]
+        splits = int(max(job.batch, app.max_batch) // app.min_local_batch)
+        return max(job.max_workers, min(self.total, splits))
 
     def _finish_time(self, r: _Running, now: float) -> float:
         if r.ends_at is not None:

@@ -25,6 +25,9 @@ batch ``B`` (our runtime keeps ``B`` constant at every size, so each GPU compute
 
 The number of steps to the target at a global batch with no validation file is interpolated
 linearly in log-log between the two nearest measured batch sizes.
+
+``AppTrace.progress_rate(..., adapt=True)`` is a what-if, not the product: the speed of a job
+that may also grow its global batch (to a validated one) as it gets GPUs, as Pollux's jobs do.
 """
 
 from __future__ import annotations
@@ -93,6 +96,22 @@ class AppTrace:
             raise ValueError(f"{self.name}: no step time for {n} GPUs on {k} hosts")
         return _step_time(self, n, k, batch)
 
+    def progress_rate(self, n: int, k: int, batch: int, adapt: bool = False) -> float:
+        """Steps of global ``batch`` per second on ``n`` GPUs over ``k`` hosts.
+
+        With ``adapt`` (a what-if: our runtime keeps the user's batch), the job may instead
+        train at any larger global batch its application was validated at, as Pollux does, at
+        whichever makes progress fastest: a step of batch ``B`` is worth
+        ``steps_to_target(batch) / steps_to_target(B)`` steps of ``batch``."""
+        if not adapt:
+            return 1.0 / self.step_time(n, k, batch)
+        return _adapted(self, n, k, batch)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest global batch validated: the most an adapted job trains at."""
+        return max(self.steps)
+
     def overhead(self, n: int, k: int) -> float:
         """Synchronisation overhead of ``n`` GPUs on ``k`` hosts (0 for one GPU)."""
         if n == 1:
@@ -126,6 +145,13 @@ def _step_time(app: AppTrace, n: int, k: int, batch: int) -> float:
     if curve is not None:
         return passes * _interp(curve, local)
     return passes * (_interp(app.curves[(1, 1)], local) + app.overhead(n, k))
+
+
+@lru_cache(maxsize=200_000)
+def _adapted(app: AppTrace, n: int, k: int, batch: int) -> float:
+    work = app.steps_to_target(batch)
+    return max(work / app.steps_to_target(b) / _step_time(app, n, k, b)
+               for b in {batch, *(b for b in app.steps if b > batch)})
 
 
 def _shape(placement: str) -> tuple[int, int]:

@@ -178,6 +178,25 @@ def test_goodput_learns_from_an_earlier_job_of_the_same_application_and_batch():
     assert runs[False]["flat"].jct > 5 * runs[True]["flat"].jct
 
 
+def test_the_adapting_what_if_trains_at_the_batch_that_makes_progress_fastest():
+    """One GPU, 0.1 s a sample, 8 samples a pass: a step of 8 takes 0.8 s; a step of 32 takes 4
+    passes (3.2 s) and is worth 100 / 20 = 5 steps of 8. Adapting, the job makes 5 / 3.2 =
+    1.5625 steps of 8 a second instead of 1.25, and may use as many GPUs as 32 splits over."""
+    app = AppTrace("acc", {(1, 1): [(1.0, 0.1), (8.0, 0.8)]}, steps={8: 100, 32: 20})
+    assert app.progress_rate(1, 1, 8) == pytest.approx(1.25)
+    assert app.progress_rate(1, 1, 8, adapt=True) == pytest.approx(1.5625)
+    # A job already at the largest batch has nothing to adapt to.
+    assert app.progress_rate(1, 1, 32, adapt=True) == pytest.approx(1 / 3.2)
+    sims = {adapt: Simulator({"h1": 1}, {"acc": app}, "goodput", NO_COST, 1000.0,
+                             adapt_batch=adapt) for adapt in (False, True)}
+    [kept], [adapted] = (sims[a].run([job("a", app="acc", max_workers=1)]).results
+                         for a in (False, True))
+    assert (kept.jct, adapted.jct) == (pytest.approx(80.0), pytest.approx(64.0))
+    assert sims[True]._adapted_max(job("a", app="acc", max_workers=1)) == 1  # 1 slot here
+    wide = Simulator({"h1": 64}, {"acc": app}, "goodput", NO_COST, adapt_batch=True)
+    assert wide._adapted_max(job("a", app="acc", max_workers=1)) == 32
+
+
 def test_every_policy_finishes_every_job_of_a_paper_workload():
     apps = load_apps(DATA / "traces")
     jobs = load(DATA / "workloads" / "workload-3.csv", apps, "scalable", 64)[:40]

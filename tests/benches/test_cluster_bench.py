@@ -13,7 +13,8 @@ from tests.benches.support import REPO
 def test_it_compares_the_policies_on_a_workload_and_ends_with_its_json():
     done = subprocess.run(
         [sys.executable, "-m", "bench.cluster", "--workloads", "workload-3", "--policies",
-         "fixed,fairshare,goodput", "--scale", "300x30", "--skip-real", "--workers", "1"],
+         "fixed,fairshare,goodput,goodput_batch", "--scale", "300x30", "--skip-real",
+         "--workers", "1"],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = done.stdout
@@ -23,5 +24,7 @@ def test_it_compares_the_policies_on_a_workload_and_ends_with_its_json():
         assert last[f"jct_mean_{policy}_s"] > 0
     assert 0 < last["goodput_vs_fairshare"] < 1.5
     assert 0 < last["goodput_vs_fixed"] < 1.5
+    # The what-if of jobs that also adapt their batch, beside the policies.
+    assert last["jct_mean_goodput_batch_s"] > 0 and 0 < last["goodput_batch_vs_fairshare"] < 1.5
     assert last["decision_ms_10000x1000"] > 0
     assert last["sim_vs_real_max_err"] is None  # --skip-real
