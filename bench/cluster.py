@@ -30,7 +30,7 @@ import json
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,16 +57,31 @@ def cluster(hosts: int = HOSTS, slots: int = SLOTS) -> dict[str, int]:
     return {f"h{i:04d}": slots for i in range(hosts)}
 
 
-def simulate(args: tuple[Path, str, str, str, Costs, float, bool]) -> Summary:
+@dataclass(frozen=True)
+class Setup:
+    """What every run of one bench shares: the data, the job load, the rules and costs."""
+
+    data: Path
+    rule: str  # max workers (``MAX_WORKERS``)
+    costs: Costs
+    interval: float
+    kin: bool = True
+    load: str = "1.0"  # the paper's job load: 0.5, 1.0, 1.5 or 2.0 times the arrivals
+
+    def workload(self, name: str) -> Path:
+        folder = "workloads" if self.load == "1.0" else f"workloads-{self.load}"
+        return self.data / folder / f"{name}.csv"
+
+
+def simulate(task: tuple[Setup, str, str]) -> Summary:
     """One policy on one workload (a process of the pool: it reads its own traces)."""
-    data, workload, label, rule, costs, interval, kin = args
-    policy = ADAPTING.get(label, label)
-    apps = _apps(data)
+    setup, workload, label = task
+    apps = _apps(setup.data)
     hosts = cluster()
     total = sum(hosts.values())
-    jobs = load(data / "workloads" / f"{workload}.csv", apps, rule, total)
-    run = Simulator(hosts, apps, policy, costs, interval, kin=kin,
-                    adapt_batch=label in ADAPTING).run(jobs)
+    jobs = load(setup.workload(workload), apps, setup.rule, total)
+    run = Simulator(hosts, apps, ADAPTING.get(label, label), setup.costs, setup.interval,
+                    kin=setup.kin, adapt_batch=label in ADAPTING).run(jobs)
     return summarize(run, apps, total, SLOTS)
 
 
@@ -79,13 +94,25 @@ def _apps(data: Path) -> dict[str, AppTrace]:
     return _APPS[data]
 
 
-def paper_means(data: Path) -> dict[str, dict[str, float]]:
-    """The paper's own mean JCT per workload, per scheduler, at job load 1.0."""
+def paper_means(data: Path, job_load: str = "1.0") -> dict[str, dict[str, float]]:
+    """The paper's own mean JCT per workload, per scheduler, at that job load."""
     out = {}
     for name in PAPER:
-        path = data / "results-jobload" / f"{name}-1.0" / "summary.json"
+        path = data / "results-jobload" / f"{name}-{job_load}" / "summary.json"
         out[name] = json.loads(path.read_text())["avgs"]
     return out
+
+
+def missing(setup: Setup, workloads: list[str]) -> str | None:
+    """What the data folder lacks for this run, in words (None: nothing)."""
+    need = [setup.workload(w) for w in workloads]
+    need += [setup.data / "results-jobload" / f"{p}-{setup.load}" / "summary.json" for p in PAPER]
+    absent = [str(p) for p in need if not p.is_file()]
+    if not absent:
+        return None
+    hint = ("; the other job loads are in the full artifact: --data "
+            "../shared/traces/pollux-osdi21" if setup.load != "1.0" else "")
+    return f"not found: {', '.join(absent[:3])}{' ...' if len(absent) > 3 else ''}{hint}"
 
 
 def decision_ms(jobs: int, hosts: int, slots: int) -> dict[str, float]:
@@ -118,10 +145,9 @@ def decision_ms(jobs: int, hosts: int, slots: int) -> dict[str, float]:
     return out
 
 
-def run_all(data: Path, rule: str, costs: Costs, interval: float, workloads: list[str],
-            policies: tuple[str, ...], workers: int, kin: bool = True
+def run_all(setup: Setup, workloads: list[str], policies: tuple[str, ...], workers: int
             ) -> dict[tuple[str, str], Summary]:
-    tasks = [(data, w, p, rule, costs, interval, kin) for w in workloads for p in policies]
+    tasks = [(setup, w, p) for w in workloads for p in policies]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(simulate, tasks))
     return {(t[1], t[2]): r for t, r in zip(tasks, results, strict=True)}
@@ -210,6 +236,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip-real", action="store_true",
                         help="do not run the real product for sim_vs_real_max_err")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--load", choices=("0.5", "1.0", "1.5", "2.0"), default="1.0",
+                        help="the paper's job load (arrivals x0.5 ... x2; other than 1.0 "
+                             "needs --data ../shared/traces/pollux-osdi21)")
     parser.add_argument("--no-kin", action="store_true",
                         help="goodput learns only from each job's own measurements, not from "
                              "earlier jobs of its application and batch")
@@ -218,17 +247,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     workloads = args.workloads.split(",")
     policies = tuple(args.policies.split(","))
     costs = Costs(args.grow_s, args.shrink_s, args.start_s, args.finish_s, args.handoff_s)
+    setup = Setup(args.data, args.max_workers, costs, args.interval, not args.no_kin, args.load)
+    if problem := missing(setup, workloads):
+        parser.error(problem)
     started = time.perf_counter()
-    results = run_all(args.data, args.max_workers, costs, args.interval, workloads, policies,
-                      args.workers, kin=not args.no_kin)
+    results = run_all(setup, workloads, policies, args.workers)
     simulated_s = time.perf_counter() - started
     figures = {p: overall(results, p) for p in policies}
     decide = {}
     if args.scale != "0":
         jobs, hosts = (int(x) for x in args.scale.split("x"))
         decide = decision_ms(jobs, hosts, 8)
-    print_tables(results, workloads, policies, paper_means(args.data), figures, decide)
-    print(f"\nsimulated {len(results)} runs in {simulated_s:.0f} s; max workers: "
+    print_tables(results, workloads, policies, paper_means(args.data, args.load), figures,
+                 decide)
+    print(f"\nsimulated {len(results)} runs in {simulated_s:.0f} s; job load {args.load}; "
+          f"max workers: "
           f"{args.max_workers}; goodput learns from kin: {not args.no_kin}; rescale costs: "
           f"{asdict(costs)}")
     real = None
