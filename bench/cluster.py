@@ -72,6 +72,10 @@ class Setup:
         folder = "workloads" if self.load == "1.0" else f"workloads-{self.load}"
         return self.data / folder / f"{name}.csv"
 
+    def paper(self, scheduler: str) -> Path:
+        """The paper's own results for ``scheduler`` (one of ``PAPER``) at this job load."""
+        return self.data / "results-jobload" / f"{scheduler}-{self.load}" / "summary.json"
+
 
 def simulate(task: tuple[Setup, str, str]) -> Summary:
     """One policy on one workload (a process of the pool: it reads its own traces)."""
@@ -94,19 +98,15 @@ def _apps(data: Path) -> dict[str, AppTrace]:
     return _APPS[data]
 
 
-def paper_means(data: Path, job_load: str = "1.0") -> dict[str, dict[str, float]]:
-    """The paper's own mean JCT per workload, per scheduler, at that job load."""
-    out = {}
-    for name in PAPER:
-        path = data / "results-jobload" / f"{name}-{job_load}" / "summary.json"
-        out[name] = json.loads(path.read_text())["avgs"]
-    return out
+def paper_means(setup: Setup) -> dict[str, dict[str, float]]:
+    """The paper's own mean JCT per workload, per scheduler, at the run's job load."""
+    return {name: json.loads(setup.paper(name).read_text())["avgs"] for name in PAPER}
 
 
 def missing(setup: Setup, workloads: list[str]) -> str | None:
     """What the data folder lacks for this run, in words (None: nothing)."""
     need = [setup.workload(w) for w in workloads]
-    need += [setup.data / "results-jobload" / f"{p}-{setup.load}" / "summary.json" for p in PAPER]
+    need += [setup.paper(name) for name in PAPER]
     absent = [str(p) for p in need if not p.is_file()]
     if not absent:
         return None
@@ -258,12 +258,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.scale != "0":
         jobs, hosts = (int(x) for x in args.scale.split("x"))
         decide = decision_ms(jobs, hosts, 8)
-    print_tables(results, workloads, policies, paper_means(args.data, args.load), figures,
-                 decide)
+    print_tables(results, workloads, policies, paper_means(setup), figures, decide)
     print(f"\nsimulated {len(results)} runs in {simulated_s:.0f} s; job load {args.load}; "
-          f"max workers: "
-          f"{args.max_workers}; goodput learns from kin: {not args.no_kin}; rescale costs: "
-          f"{asdict(costs)}")
+          f"max workers: {args.max_workers}; goodput learns from kin: {not args.no_kin}; "
+          f"rescale costs: {asdict(costs)}")
     real = None
     if not args.skip_real:
         from bench import cluster_real

@@ -90,31 +90,39 @@ def _kind(job: TrainingJob, latest: Latest | None) -> Kind | None:
             job.args, json.dumps(env, sort_keys=True), latest.steps_per_epoch)
 
 
-def kin(jobs: list[TrainingJob], latest: dict[int, Latest], now: datetime,
-        slots_per_host: int) -> dict[int, list[Observation]]:
+def kin(jobs: list[TrainingJob], seen: dict[int, list[Observation]],
+        latest: dict[int, Latest], now: datetime, slots_per_host: int
+        ) -> dict[int, list[Observation]]:
     """Per job (once it has reported), what its kin measured: the median over the other jobs
     of its kind, of each one's median samples per second at each size (as ``observations``).
+    ``seen`` and ``latest`` are ``jobs``' own (``observations``): they are kin to each other
+    as read, and only the other jobs of their kinds are read here.
     ``scheduler.throughput.with_kin`` merges them with the job's own."""
     kinds = {j.pk: k for j in jobs if (k := _kind(j, latest.get(j.pk)))}
-    if not kinds:
+    wanted = set(kinds.values())
+    if not wanted:
         return {}
     match = Q()
-    for model, dataset, devices, group, *_ in set(kinds.values()):
+    for model, dataset, devices, group, *_ in wanted:
         match |= Q(model_id=model, dataset_id=dataset, devices_per_worker=devices,
                    instance_group_id=group)
-    candidates = list(
+    others = list(
         TrainingJob.objects.filter(match, started__isnull=False)
         .filter(Q(finished__isnull=True) | Q(finished__gte=now - KIN_WINDOW))
+        .exclude(pk__in=[j.pk for j in jobs])
         .only("model_id", "dataset_id", "devices_per_worker", "instance_group_id", "args",
               "env_vars")
-        .order_by("-created")[:KIN_JOBS * len(set(kinds.values()))])
-    seen, their_latest = observations([c.pk for c in candidates], now, slots_per_host,
-                                      KIN_WINDOW)
+        .order_by("-created")[:KIN_JOBS * len(wanted)])
+    their_seen, their_latest = observations([o.pk for o in others], now, slots_per_host,
+                                            KIN_WINDOW)
     by_kind: dict[Kind, list[int]] = defaultdict(list)
-    for candidate in candidates:
-        if (k := _kind(candidate, their_latest.get(candidate.pk))) is not None:
-            by_kind[k].append(candidate.pk)
-    return {job_id: _median_of(seen, [o for o in by_kind[k] if o != job_id])
+    for job_id, k in kinds.items():
+        by_kind[k].append(job_id)
+    for other in others:
+        if (k := _kind(other, their_latest.get(other.pk))) is not None:
+            by_kind[k].append(other.pk)
+    everyone = {**their_seen, **seen}
+    return {job_id: _median_of(everyone, [o for o in by_kind[k] if o != job_id])
             for job_id, k in kinds.items()}
 
 
@@ -168,7 +176,7 @@ def models(jobs: list[TrainingJob], now: datetime, slots_per_host: int) -> dict[
     samples it has left (or None), its age and the slot-seconds it has held."""
     ids = [j.pk for j in jobs]
     seen, latest = observations(ids, now, slots_per_host)
-    learned_from_kin = kin(jobs, latest, now, slots_per_host)
+    learned_from_kin = kin(jobs, seen, latest, now, slots_per_host)
     held = slot_seconds(ids, now)
     out = {}
     for job in jobs:

@@ -136,6 +136,24 @@ def test_a_job_learns_what_its_kin_measured_at_sizes_it_has_not_run_at(
 
 
 @pytest.mark.django_db
+def test_jobs_decided_together_are_kin_to_each_other(owner, model_def, cluster):
+    """Two trials running at once: one has measured 1 and 4 workers, the other only 1, at the
+    same speed; the second is expected at the first's speed on 4."""
+    now = timezone.now()
+    trials = [submit(owner, model_def, cluster, max_workers=8, env_vars={"SUBID": str(i)})
+              for i in (1, 2)]
+    TrainingJob.objects.filter(pk__in=[t.pk for t in trials]).update(started=now)
+    report(trials[0], 1, 100.0, steps_per_epoch=10)
+    report(trials[0], 4, 300.0, steps_per_epoch=10)
+    report(trials[1], 1, 100.0, steps_per_epoch=10)
+    jobs = list(TrainingJob.objects.filter(pk__in=[t.pk for t in trials]))
+    learned = models(jobs, now, 4)
+    assert learned[trials[1].pk].rate.rate(4) == pytest.approx(300.0, rel=0.05)
+    alone = fit([Observation(1, 1, 100.0)], 4)
+    assert alone.rate(4) > 1.1 * 300.0  # what it would guess without its kin
+
+
+@pytest.mark.django_db
 def test_it_moves_slots_to_the_job_that_scales(owner, model_def, cluster, cycle):
     group = cluster["instance_group"]
     group.policy = "goodput"
