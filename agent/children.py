@@ -339,7 +339,7 @@ def _passable(argv: list[str], env: dict[str, str]) -> bool:
 def start_warm(argv: list[str], root: Path, env: dict[str, str], out_fd: int, events_out: int,
                 user: RunAs | None, group: cgroups.Group | None) -> warm.WarmProcess | None:
     """A fork of the agent's warm process (``agent.warm``), or None to start it cold."""
-    pool = warm.pools.get(argv[0])
+    pool = warm.pools.start_for(argv[0], env)
     if pool is None or not _passable(argv, env):
         return None  # an interpreter without a warm process (a layer's) starts cold
     # The forked process joins the group (the warm process is root) and lowers its limits

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from agent import warm
 from jobs.jobfiles import job_folders
 from jobs.models import TrainingJob
 from jobs.validation import is_reserved_env
@@ -111,8 +112,8 @@ def build_env(job: TrainingJob, role: str, extra: dict[str, str] | None = None) 
         # WMLA's TensorFlow samples are Keras 2 code (ImageDataGenerator, Adam(lr=...)):
         # tf.keras is tf_keras for them, unless the job's own variables say otherwise.
         env["EDT_FRAMEWORK"] = "tensorflow"
-        env["TF_USE_LEGACY_KERAS"] = "1"
-        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        # (TF_USE_LEGACY_KERAS=1, and TensorFlow's C++ logs at warnings and above.)
+        env.update(warm.TENSORFLOW_ENV)
         # TensorFlow sizes its two thread pools to the host's cores, for every worker: on a
         # host of many slots that is many times the cores. Each worker gets the threads a
         # PyTorch worker gets (OMP_NUM_THREADS), unless the job's own variables say more.

@@ -36,9 +36,9 @@ from pathlib import Path
 
 from django.conf import settings
 
-from runtime.warm import EVENTS_FD
+from runtime.warm import EVENTS_FD, NO_KERAS_HOME, TENSORFLOW_IMPORT_VARS
 
-__all__ = ["EVENTS_FD", "WarmPool", "WarmPools", "WarmProcess", "enabled", "pools"]
+__all__ = ["EVENTS_FD", "WarmPool", "WarmPools", "WarmProcess", "enabled", "kind_of", "pools"]
 
 log = logging.getLogger("edt.execution")
 
@@ -46,13 +46,23 @@ log = logging.getLogger("edt.execution")
 REPLY_S = 10.0
 # A warm process that dies sooner than this after its start is not started again.
 CRASH_LOOP_S = 60.0
-# Warm processes per host at most: each holds an interpreter with torch imported (hundreds of
-# MB); environments beyond these start their processes cold.
+# Warm processes of each kind per host at most: each holds an interpreter with torch imported
+# (hundreds of MB; with TensorFlow too, some 800 MB); environments beyond these start their
+# processes cold.
 MAX_POOLS = 4
+
+# What a TensorFlow warm process imports TensorFlow with: what the agent gives every
+# TensorFlow job (``agent.environment``), so that their processes can be forked from it.
+TENSORFLOW_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def enabled() -> bool:
     return bool(settings.EDT_WARM_PROCESSES)
+
+
+def kind_of(env: dict[str, str]) -> str:
+    """The kind of warm process a job's process with this environment forks from."""
+    return "tensorflow" if env.get("EDT_FRAMEWORK") == "tensorflow" else "torch"
 
 
 class WarmProcess:
@@ -84,9 +94,11 @@ class _Pending:
 
 
 class WarmPool:
-    """The agent's one warm process, and what it started."""
+    """One warm process of the agent's, and what it started. Its ``kind`` is what it has
+    imported: torch and the runtime ("torch"), or TensorFlow too ("tensorflow")."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "torch") -> None:
+        self.kind = kind
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
@@ -107,8 +119,8 @@ class WarmPool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self._proc = subprocess.Popen(
-                [python, "-m", "runtime.warm", str(theirs.fileno())],
-                env=_warm_env(), cwd="/", stdin=subprocess.DEVNULL,
+                [python, "-m", "runtime.warm", str(theirs.fileno()), self.kind],
+                env=_warm_env(self.kind), cwd="/", stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), start_new_session=True,
             )
         self._sock = ours
@@ -125,6 +137,13 @@ class WarmPool:
 
     def ready(self, timeout: float = 0.0) -> bool:
         return self._ready.wait(timeout)
+
+    def accepts(self, env: dict[str, str]) -> bool:
+        """Whether a process with ``env`` may be forked from this one: what TensorFlow read
+        when this one imported it is what that process would have it read."""
+        if self.kind != "tensorflow":
+            return True
+        return all(env.get(name) == TENSORFLOW_ENV.get(name) for name in TENSORFLOW_IMPORT_VARS)
 
     def spawn(self, argv: list[str], *, cwd: str, env: dict[str, str], fds: tuple[int, int],
               uid: int | None, gid: int | None, umask: int | None,
@@ -250,9 +269,10 @@ def _kill_group(pid: int) -> None:
         pass  # gone already
 
 
-def _warm_env() -> dict[str, str]:
+def _warm_env(kind: str) -> dict[str, str]:
     base = str(Path(settings.BASE_DIR))
-    return {
+    tensorflow = {**TENSORFLOW_ENV, "KERAS_HOME": NO_KERAS_HOME} if kind == "tensorflow" else {}
+    return tensorflow | {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
@@ -265,12 +285,14 @@ def _warm_env() -> dict[str, str]:
 
 
 class WarmPools:
-    """The host's warm processes, one per interpreter (the product's, each base's)."""
+    """The host's warm processes: for each interpreter jobs run on (the product's, each
+    base's), one that has imported torch, and one that has imported TensorFlow too once a
+    TensorFlow job's process has started on that interpreter here (``start_for``)."""
 
     def __init__(self, limit: int = MAX_POOLS) -> None:
         self._limit = limit
         self._lock = threading.Lock()
-        self._pools: dict[str, WarmPool] = {}
+        self._pools: dict[tuple[str, str], WarmPool] = {}
         self._open = False
 
     def open(self) -> None:
@@ -278,27 +300,43 @@ class WarmPools:
         process that only builds environments, or a test, starts none)."""
         self._open = enabled()
 
-    def start(self, python: str) -> WarmPool | None:
-        """The warm process of ``python``, started now unless it runs already; None when
-        warm processes are off or the host has its most already."""
+    def start(self, python: str, kind: str = "torch") -> WarmPool | None:
+        """The warm process of ``python`` of that kind, started now unless it runs already;
+        None when warm processes are off or the host has its most of that kind already."""
         if not self._open:
             return None
         with self._lock:
-            found = self._pools.get(python)
-            if found is not None or len(self._pools) >= self._limit:
+            found = self._pools.get((python, kind))
+            if found is not None or sum(k == kind for _, k in self._pools) >= self._limit:
                 return found
-            pool = self._pools[python] = WarmPool()
+            pool = self._pools[(python, kind)] = WarmPool(kind)
         pool.start(python)
         return pool
+
+    def start_for(self, python: str, env: dict[str, str]) -> WarmPool | None:
+        """The warm process a process of ``python`` with ``env`` forks from, or None.
+
+        A TensorFlow job's process forks from the TensorFlow one when it is ready and was
+        started with the variables this process has (``accepts``), else from the torch one
+        (it imports TensorFlow itself). The TensorFlow one is started the first time a
+        TensorFlow job's process asks for it: a host that runs no TensorFlow job does not
+        hold TensorFlow in memory. Only an interpreter that has a torch warm process gets
+        one: the agent runs no other (a layer's interpreter is its owner's)."""
+        torch = self.get(python)
+        kind = kind_of(env)
+        if kind == "torch" or torch is None:
+            return torch
+        pool = self.get(python, kind) or self.start(python, kind)
+        return pool if pool is not None and pool.ready() and pool.accepts(env) else torch
 
     def add(self, pool: WarmPool) -> None:
         """A pool started elsewhere (a test's) serves its interpreter's processes."""
         with self._lock:
-            self._pools[pool.python] = pool
+            self._pools[(pool.python, pool.kind)] = pool
 
-    def get(self, python: str) -> WarmPool | None:
+    def get(self, python: str, kind: str = "torch") -> WarmPool | None:
         with self._lock:
-            return self._pools.get(python)
+            return self._pools.get((python, kind))
 
     def stop(self) -> None:
         with self._lock:

@@ -1,5 +1,7 @@
 """A warm process: an interpreter that has already imported torch and the runtime, and forks a
 job's driver or worker on the host agent's request instead of starting a new interpreter.
+One of kind "tensorflow" (``python -m runtime.warm FD tensorflow``) has imported TensorFlow
+too, for TensorFlow jobs' processes.
 
 Starting a job's process from nothing costs seconds (the interpreter, then ``import torch``),
 and a job growing into a freed slot waits for all of it. Here that cost is paid once, when the
@@ -70,15 +72,48 @@ class _Become(BaseException):
         self.request, self.fds = request, fds
 
 
-def preload() -> None:
+# A TensorFlow job's processes import TensorFlow too (2-3 s of a worker's start); its warm
+# process (kind "tensorflow") imports it, and never runs an op: TensorFlow starts its thread
+# pools and looks for GPUs when its first op runs, which must happen in the forked process.
+PRELOAD_TENSORFLOW = ("tensorflow", "runtime.keras_model", "runtime.keras_trainer")
+KINDS = ("torch", "tensorflow")
+
+# What TensorFlow and Keras read once, when imported: a TensorFlow warm process imports them
+# with its own values of these, so only a process whose variables have the same values may be
+# forked from it (``agent.warm``); any other starts cold, where its own values take effect.
+TENSORFLOW_IMPORT_VARS = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL",
+                          "TF_ENABLE_ONEDNN_OPTS", "KERAS_BACKEND")
+# Keras also reads its configuration file (``$KERAS_HOME/keras.json``, else ``~/.keras``) when
+# imported, and writes a default one if there is none. The warm process imports it with this
+# as its KERAS_HOME, a folder that cannot exist (so a root process reads and writes nothing);
+# each forked process then reads its own job's file, as its account (``_take_keras_config``).
+NO_KERAS_HOME = "/proc/edt-no-keras-home"
+
+
+def preload(kind: str = "torch") -> None:
     import importlib
 
-    for name in PRELOAD:
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind of warm process {kind!r}; expected one of {KINDS}")
+    for name in PRELOAD + (PRELOAD_TENSORFLOW if kind == "tensorflow" else ()):
         importlib.import_module(name)
     import torch
 
     if torch.cuda.is_initialized():  # a fork would inherit a context it cannot use
         raise RuntimeError("CUDA was initialised while preloading; refusing to fork from it")
+    if kind == "tensorflow":
+        _check_tensorflow_idle()
+
+
+def _check_tensorflow_idle() -> None:
+    """TensorFlow's runtime (its eager context: thread pools, devices) must not exist yet."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    tf.keras  # noqa: B018 - resolves the lazily loaded Keras (tf_keras when legacy) now
+    if context.context_safe() is not None:
+        raise RuntimeError("TensorFlow's runtime was started while preloading; refusing to "
+                           "fork from it")
 
 
 class Server:
@@ -232,6 +267,7 @@ def become(request: dict[str, Any], fds: list[int], base_path: list[str]) -> str
 
     importlib.invalidate_caches()  # folders made since the warm process started
     _take_threads()
+    _take_keras_config()
     tempfile.tempdir = None  # TMPDIR is the job's
     return main
 
@@ -243,6 +279,25 @@ def _take_threads() -> None:
         import torch
 
         torch.set_num_threads(int(threads))
+
+
+def _take_keras_config() -> None:
+    """What Keras does with its configuration file when imported: the preloaded Keras found
+    none (``NO_KERAS_HOME``), so this process reads its job's, as Keras would have."""
+    keras = sys.modules.get("tf_keras")
+    if keras is None:
+        return
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return  # none, or unreadable: Keras then keeps its defaults too
+    backend = keras.backend
+    backend.set_floatx(config.get("floatx", backend.floatx()))
+    backend.set_epsilon(config.get("epsilon", backend.epsilon()))
+    backend.set_image_data_format(config.get("image_data_format",
+                                             backend.image_data_format()))
 
 
 def _own_frame(tb) -> bool:
@@ -275,11 +330,12 @@ def run_main(main: str) -> None:
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
+    kind = sys.argv[2] if len(sys.argv) > 2 else "torch"
     pythonpath = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))
     base_path = [p for p in sys.path[1:] if p not in pythonpath]
     server = Server(sock)
     try:
-        preload()
+        preload(kind)
     except BaseException as exc:  # noqa: BLE001 - told to the agent, which starts processes cold
         server.send({"error": f"preload failed: {exc!r}"})
         return

@@ -147,3 +147,98 @@ def test_no_pool_starts_when_warm_processes_are_off(settings):
     pools = warm.WarmPools()
     pools.open()
     assert pools.start(sys.executable) is None
+
+
+class _Pool:
+    """A stand-in for a started pool: what ``start_for`` asks of one."""
+
+    def __init__(self, python: str, kind: str = "torch", ready: bool = True) -> None:
+        self.python, self.kind, self._ready = python, kind, ready
+
+    def ready(self, timeout: float = 0.0) -> bool:
+        return self._ready
+
+    accepts = warm.WarmPool.accepts
+
+
+TF_JOB = {"EDT_FRAMEWORK": "tensorflow", **warm.TENSORFLOW_ENV}
+
+
+def test_a_tensorflow_job_forks_from_the_tensorflow_warm_process_once_it_is_ready(monkeypatch):
+    pools, started = warm.WarmPools(), []
+    torch = _Pool("/py")
+    pools.add(torch)
+    monkeypatch.setattr(pools, "start", lambda python, kind="torch": started.append(
+        (python, kind)))
+    # The first TensorFlow process: the TensorFlow warm process is asked for, and this one
+    # forks from the torch one meanwhile (it imports TensorFlow itself).
+    assert pools.start_for("/py", TF_JOB) is torch and started == [("/py", "tensorflow")]
+    tf_pool = _Pool("/py", "tensorflow", ready=False)
+    pools.add(tf_pool)
+    assert pools.start_for("/py", TF_JOB) is torch  # not ready yet
+    tf_pool._ready = True
+    assert pools.start_for("/py", TF_JOB) is tf_pool
+    assert pools.start_for("/py", {"PATH": "/bin"}) is torch  # a PyTorch job's
+    # Variables that TensorFlow reads at import, other than the warm process's: the torch one.
+    assert pools.start_for("/py", {**TF_JOB, "TF_USE_LEGACY_KERAS": "0"}) is torch
+    assert pools.start_for("/py", {**TF_JOB, "TF_ENABLE_ONEDNN_OPTS": "0"}) is torch
+    assert started == [("/py", "tensorflow")]
+
+
+def test_an_interpreter_without_a_warm_process_gets_no_tensorflow_one(monkeypatch):
+    """A layer's interpreter is its owner's: the agent (root) runs nothing of it."""
+    pools, started = warm.WarmPools(), []
+    monkeypatch.setattr(pools, "start", lambda *a: started.append(a))
+    assert pools.start_for("/home/ann/layer/bin/python", TF_JOB) is None
+    assert started == []
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_a_tensorflow_warm_process_forks_processes_that_train_with_their_own_threads(tmp_path):
+    """TensorFlow is imported before the fork, its runtime started after it, in the child,
+    with the child's thread counts and its own Keras configuration file."""
+    pytest.importorskip("tensorflow")
+    main = tmp_path / "main.py"
+    main.write_text(
+        "import sys\n"
+        "assert 'tensorflow' in sys.modules, 'TensorFlow was not preloaded'\n"
+        "import numpy as np, tensorflow as tf\n"
+        "m = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])\n"
+        "m.compile('sgd', 'mse')\n"
+        "loss = m.fit(np.ones((8, 3)), np.ones((8, 2)), verbose=0).history['loss'][0]\n"
+        "assert np.isfinite(loss), loss\n"
+        "assert tf.keras.backend.floatx() == 'float64', 'the job\\'s keras.json was not read'\n"
+        "import os\n"
+        "sys.exit(7 if os.environ['TF_NUM_INTRAOP_THREADS'] == '2' else 1)\n")
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "keras.json").write_text('{"floatx": "float64"}')
+    tmp_path.chmod(0o755)
+    pool = warm.WarmPool("tensorflow")
+    pool.start(sys.executable)
+    try:
+        assert pool.ready(180), "the TensorFlow warm process did not get ready within 180 s"
+        child = _spawn(pool, main, "x", **TF_JOB, TF_NUM_INTRAOP_THREADS="2",
+                       TF_NUM_INTEROP_THREADS="2", KERAS_HOME=str(tmp_path / "keras"))
+        assert child is not None, "the TensorFlow warm process did not fork"
+        assert child.wait(120) == 7
+    finally:
+        pool.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_a_tensorflow_warm_process_refuses_to_serve_once_tensorflow_has_run(tmp_path):
+    """A fork of a process whose TensorFlow runtime has started would share its threads'
+    state: the preload check says so instead."""
+    pytest.importorskip("tensorflow")
+    import subprocess
+
+    code = ("import tensorflow as tf; tf.constant(1.0) + 1\n"
+            "from runtime import warm\n"
+            "try:\n    warm.preload('tensorflow')\nexcept RuntimeError as e:\n"
+            "    print(e); raise SystemExit(3)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **warm.TENSORFLOW_ENV})
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "TensorFlow's runtime was started while preloading" in done.stdout
