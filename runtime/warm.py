@@ -81,8 +81,8 @@ KINDS = ("torch", "tensorflow")
 # What TensorFlow and Keras read once, when imported: a TensorFlow warm process imports them
 # with its own values of these, so only a process whose variables have the same values may be
 # forked from it (``agent.warm``); any other starts cold, where its own values take effect.
-TENSORFLOW_IMPORT_VARS = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL",
-                          "TF_ENABLE_ONEDNN_OPTS", "KERAS_BACKEND")
+TENSORFLOW_IMPORT_VARS = ("TF_USE_LEGACY_KERAS", "KERAS_BACKEND", "TF_ENABLE_ONEDNN_OPTS",
+                          "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE")
 # Keras also reads its configuration file (``$KERAS_HOME/keras.json``, else ``~/.keras``) when
 # imported, and writes a default one if there is none. The warm process imports it with this
 # as its KERAS_HOME, a folder that cannot exist (so a root process reads and writes nothing);
