@@ -34,10 +34,11 @@ from agent import warm
 from agent.accounts import RunAs, user_python
 from environments import build
 from environments.models import Environment, EnvironmentBuild
-from environments.services import environment_for
+from environments.services import cluster_default, environment_for
 from environments.spec import RequirementError, layer_key, requirement_lines
 from jobs import jobfiles
 from jobs.models import TrainingJob
+from models.models import ModelDefinition
 
 REQUIREMENTS_FILE = "requirements.txt"
 REQUIREMENTS_MAX_BYTES = 64 * 1024
@@ -241,9 +242,11 @@ def _base(environment: Environment, host: str, log: BinaryIO) -> EnvironmentBuil
 
 
 def environments_in_use() -> list[Environment]:
-    """The base environments jobs will ask for: the cluster's default and each instance
-    group's and model's own."""
+    """The base environments jobs will ask for: the cluster's default (and its TensorFlow
+    one, once a TensorFlow model is registered) and each instance group's and model's own."""
     names = {settings.EDT_DEFAULT_ENVIRONMENT}
+    if ModelDefinition.objects.filter(framework="TensorFlow").exists():
+        names.add(cluster_default("TensorFlow"))
     used = Environment.objects.filter(
         Q(name__in=names) | Q(instance_groups__isnull=False)
         | Q(model_definitions__isnull=False), base__isnull=True)

@@ -94,9 +94,10 @@ def _check_framework(job: TrainingJob, python: str) -> None:
     if found != 0:
         raise LaunchError(
             "This is a TensorFlow job (--exec-start edtTensorflow), but TensorFlow is not "
-            f"installed for {python}: install the product's TensorFlow extra there "
-            "(pip install 'elastic-console[tensorflow]', i.e. tensorflow and tf-keras) or "
-            "choose a job environment that has TensorFlow.")
+            f"installed for {python}: run it in a job environment that has TensorFlow (the "
+            "built-in 'tensorflow' one, which TensorFlow models get unless their model or "
+            "instance group names another), or install the product's TensorFlow extra there "
+            "(pip install 'elastic-console[tensorflow]', i.e. tensorflow and tf-keras).")
 
 
 def _check_main_file(main: Path, name: str) -> None:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Container
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 
 from django.conf import settings
 
 from environments import imports
 from environments.models import Environment, EnvironmentBuild
-from environments.spec import BUILTIN
+from environments.spec import BUILTIN, DEFAULT_NAME, TENSORFLOW_NAME
 
 # Past this many, the rest of the missing imports are counted, not named.
 MAX_LISTED = 20
@@ -30,13 +31,46 @@ MAX_LISTED = 20
 
 def environment_for(model, instance_group=None) -> Environment:
     """The model's environment, else the instance group's default, else the cluster's
-    (``EDT_DEFAULT_ENVIRONMENT``). Raises ``Environment.DoesNotExist`` when the cluster's
-    default has been removed."""
+    (``EDT_DEFAULT_ENVIRONMENT``; for a TensorFlow model, ``tensorflow`` where that is
+    ``default``). Raises ``Environment.DoesNotExist`` when the cluster's default has been
+    removed."""
     if model is not None and model.environment_id:
         return model.environment
     if instance_group is not None and instance_group.default_environment_id:
         return instance_group.default_environment
-    return named(settings.EDT_DEFAULT_ENVIRONMENT)
+    return named(cluster_default(getattr(model, "framework", None)))
+
+
+def cluster_default(framework: str | None) -> str:
+    """The name of the environment a model of ``framework`` runs in when neither it nor its
+    instance group names one. The built-in ``default`` has no TensorFlow, so a TensorFlow
+    model gets the built-in ``tensorflow`` instead; a default an admin chose holds for all."""
+    name = settings.EDT_DEFAULT_ENVIRONMENT
+    if framework == "TensorFlow" and name == DEFAULT_NAME:
+        return TENSORFLOW_NAME
+    return name
+
+
+def framework_version(framework: str) -> str:
+    """The version of ``framework`` ("PyTorch" or "TensorFlow") that a model of it runs on
+    where neither it nor its instance group names an environment: the pin of the cluster's
+    default environment for it, or what the product's own Python holds for ``product``; ""
+    when that environment pins none or it is not installed (not an error)."""
+    distribution = "tensorflow" if framework == "TensorFlow" else "torch"
+    try:
+        environment = named(cluster_default(framework))
+    except Environment.DoesNotExist:
+        return ""
+    if environment.is_product:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return ""
+    for line in environment.requirements():
+        name, _, version = line.partition("==")
+        if name.strip().lower() == distribution and version:
+            return version.strip()
+    return ""
 
 
 def named(name: str) -> Environment:

@@ -12,6 +12,8 @@ import re
 DEFAULT_NAME = "default"
 # The agent's own interpreter, as jobs ran before environments: nothing is built.
 PRODUCT_NAME = "product"
+# TensorFlow models' jobs run here where the cluster's default is ``default``.
+TENSORFLOW_NAME = "tensorflow"
 
 # The default environment of every instance group. torch and torchvision must be one build of
 # one release: PyPI has no CPU build of torchvision, and a CPU-only torch (the product's own
@@ -29,6 +31,15 @@ DEFAULT_PACKAGES = (
     "matplotlib==3.11.2",
 )
 
+# What TensorFlow models get (WMLA's own environment holds both frameworks): the default
+# environment's packages, with TensorFlow and its Keras 2 (tf-keras, what WMLA's TensorFlow
+# samples are written for) at the pins of the product's own [tensorflow] extra (a test holds
+# them equal). torch stays: a Keras job's all-reduce is torch's gloo (runtime/keras_trainer).
+# torchvision does not: imported after TensorFlow it crashes the process (SIGSEGV, seen with
+# torchvision 0.29.1 and TensorFlow 2.21), and no TensorFlow sample imports it.
+TENSORFLOW_PACKAGES = (*(p for p in DEFAULT_PACKAGES if not p.startswith("torchvision==")),
+                       "tensorflow==2.21.0", "tf-keras==2.21.0")
+
 # The environments every install has, by name: what each holds. Created by a migration, and
 # again whenever one is asked for and missing (a test database emptied between tests, say).
 BUILTIN = {
@@ -36,6 +47,10 @@ BUILTIN = {
                    "packages": "\n".join(DEFAULT_PACKAGES)},
     PRODUCT_NAME: {"description": "The host agent's own Python (torch, no torchvision): nothing "
                                   "to build.", "packages": ""},
+    TENSORFLOW_NAME: {"description": "The default environment with TensorFlow and tf-keras: "
+                                     "TensorFlow models' jobs run here unless their model or "
+                                     "instance group names another.",
+                      "packages": "\n".join(TENSORFLOW_PACKAGES)},
 }
 
 # A requirement line names a distribution (PEP 508), optionally with extras, a version and a

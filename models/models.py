@@ -13,7 +13,8 @@ from resources.names import NAME_MAX_LENGTH
 class ModelDefinition(models.Model):
     class Framework(models.TextChoices):
         PYTORCH = "PyTorch", "PyTorch"
-        # A tf.keras model (runtime.keras_trainer); needs the [tensorflow] extra where it runs.
+        # A tf.keras model (runtime.keras_trainer); its jobs run in the built-in 'tensorflow'
+        # environment unless its model or instance group names another.
         TENSORFLOW = "TensorFlow", "TensorFlow"
 
     class Engine(models.TextChoices):

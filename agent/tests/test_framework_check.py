@@ -32,6 +32,7 @@ def test_a_tensorflow_job_without_tensorflow_fails_at_launch_with_what_to_instal
     message = str(refused.value)
     assert "TensorFlow job (--exec-start edtTensorflow)" in message
     assert "pip install 'elastic-console[tensorflow]'" in message
+    assert "the built-in 'tensorflow' one" in message
 
 
 @pytest.mark.slow  # as above

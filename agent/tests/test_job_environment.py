@@ -141,3 +141,33 @@ def test_a_requirement_line_that_points_the_installer_elsewhere_is_refused(job, 
     job.model.save()
     with pytest.raises(je.EnvironmentUnavailable, match="line 1"):
         _python(job)
+
+
+def test_the_tensorflow_environment_is_built_at_start_once_a_tensorflow_model_exists(
+        model_def, settings):
+    from models.models import ModelDefinition
+
+    settings.EDT_DEFAULT_ENVIRONMENT = "default"
+    assert {e.name for e in je.environments_in_use()} == {"default"}
+    ModelDefinition.objects.filter(pk=model_def.pk).update(framework="TensorFlow")
+    assert {e.name for e in je.environments_in_use()} == {"default", "tensorflow"}
+    settings.EDT_DEFAULT_ENVIRONMENT = "product"  # an admin's choice holds for TensorFlow too
+    assert {e.name for e in je.environments_in_use()} == {"product"}
+
+
+def test_a_tensorflow_job_runs_in_the_tensorflow_environment_built_for_it(
+        owner, model_def, cluster, builds, settings):
+    from environments.spec import TENSORFLOW_PACKAGES
+    from jobs.services import job_submit
+
+    settings.EDT_DEFAULT_ENVIRONMENT = "default"
+    model_def.framework = "TensorFlow"
+    model_def.save()
+    job = job_submit(user=owner, model=model_def, instance_group=cluster["instance_group"],
+                     max_workers=2)
+    assert job.environment.name == "tensorflow"  # chosen at submit, shown on its page
+    python, said = _python(job)
+    assert "building environment tensorflow on host1" in said
+    assert [(kind, name, sorted(packages)) for kind, name, packages in builds.calls] == [
+        ("base", "tensorflow", sorted(TENSORFLOW_PACKAGES))]
+    assert python.endswith("/bases/tensorflow/bin/python"), python

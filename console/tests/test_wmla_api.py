@@ -338,9 +338,11 @@ def test_frameworks_conf_and_status(api, owner, wmla_job):
     client = api(owner)
     frameworks = client.get(f"{DL}/execs/frameworks").json()
     assert [f["name"] for f in frameworks] == ["edtPyTorch", "edtTensorflow"]
-    assert frameworks[0]["frameworkVersion"]
-    # TensorFlow's version where the [tensorflow] extra is installed, else "" (not an error).
-    assert isinstance(frameworks[1]["frameworkVersion"], str)
+    # What a job of each runs on: here (the tests' default, product) the product's own Python.
+    from importlib import metadata
+
+    assert frameworks[0]["frameworkVersion"] == metadata.version("torch")
+    assert frameworks[1]["frameworkVersion"] == metadata.version("tensorflow")
     assert "TensorFlow" in frameworks[1]["desc"][0]
     assert client.get(f"{DL}/conf").json()["MSD_ENABLED"] == "false"
     status = client.get(f"{DL}/status").json()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from importlib import metadata
 from pathlib import Path
 
 from django.conf import settings
@@ -42,7 +41,7 @@ from console.wmla.representation import (
     job_pk_from,
 )
 from console.wmla.submit import exec_delete, exec_submit
-from environments.services import import_warnings
+from environments.services import framework_version, import_warnings
 from hpo import services as hpo_services
 from hpo.models import HpoTask
 from jobs import services as job_services
@@ -340,12 +339,8 @@ class FrameworksView(WmlaView):
     @doc("Deep-learning frameworks")
     def get(self, request):
         def version(name: str) -> str:
-            # The installed framework's version, read from its metadata (nothing imported):
-            # "" for TensorFlow where the [tensorflow] extra is not installed.
-            try:
-                return metadata.version("tensorflow" if name == "edtTensorflow" else "torch")
-            except metadata.PackageNotFoundError:
-                return ""
+            # What a job of that framework runs on by default (its environment's pin).
+            return framework_version("TensorFlow" if name == "edtTensorflow" else "PyTorch")
 
         return Response(
             [

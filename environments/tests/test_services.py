@@ -14,7 +14,7 @@ from environments.services import (
     model_requirements,
     provided_modules,
 )
-from environments.spec import DEFAULT_NAME, PRODUCT_NAME
+from environments.spec import DEFAULT_NAME, PRODUCT_NAME, TENSORFLOW_NAME
 
 pytestmark = pytest.mark.django_db
 
@@ -135,3 +135,55 @@ def test_many_missing_imports_are_counted_past_the_first_twenty(tmp_path):
     main = "".join(f"import missing_{i:02d}\n" for i in range(25))
     said = import_warnings(_model(tmp_path, main, environment=env))
     assert len(said) == 21 and said[-1].startswith("5 more imports")
+
+
+def _tf(model):
+    model.framework = "TensorFlow"
+    return model
+
+
+def test_a_tensorflow_model_gets_the_tensorflow_environment_where_the_default_is_builtin(
+        tmp_path, settings):
+    settings.EDT_DEFAULT_ENVIRONMENT = DEFAULT_NAME
+    tf = environment_for(_tf(_model(tmp_path, main="import tensorflow\n")), _group())
+    assert tf.name == TENSORFLOW_NAME
+    packages = set(tf.requirements())
+    assert {"tensorflow==2.21.0", "tf-keras==2.21.0", "torch==2.14.1"} <= packages
+    assert not any(p.startswith("torchvision") for p in packages)  # see environments.spec
+    assert environment_for(_model(tmp_path), _group()).name == DEFAULT_NAME  # PyTorch's
+    # What the model or its instance group names wins, and so does a default an admin chose.
+    mine, groups = _env("mine"), _env("groups")
+    assert environment_for(_tf(_model(tmp_path, environment=mine)), _group(groups)) == mine
+    assert environment_for(_tf(_model(tmp_path)), _group(groups)) == groups
+    settings.EDT_DEFAULT_ENVIRONMENT = PRODUCT_NAME
+    assert environment_for(_tf(_model(tmp_path)), _group()).name == PRODUCT_NAME
+
+
+def test_the_tensorflow_environment_pins_what_the_products_extra_pins():
+    """One release of TensorFlow for a job wherever it runs: the product's own extra (the
+    product's interpreter, the tests) and the built-in environment."""
+    import tomllib
+    from pathlib import Path
+
+    from environments.spec import TENSORFLOW_PACKAGES
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    extra = set(project["project"]["optional-dependencies"]["tensorflow"])
+    assert extra and extra <= set(TENSORFLOW_PACKAGES), (extra, TENSORFLOW_PACKAGES)
+
+
+def test_a_frameworks_version_is_what_its_models_run_on_by_default(settings):
+    from importlib import metadata
+
+    from environments.services import framework_version
+
+    settings.EDT_DEFAULT_ENVIRONMENT = DEFAULT_NAME
+    assert framework_version("PyTorch") == "2.14.1"
+    assert framework_version("TensorFlow") == "2.21.0"
+    settings.EDT_DEFAULT_ENVIRONMENT = PRODUCT_NAME
+    assert framework_version("PyTorch") == metadata.version("torch")
+    Environment.objects.create(name="plain", packages="numpy==2.4.6")
+    settings.EDT_DEFAULT_ENVIRONMENT = "plain"
+    assert framework_version("TensorFlow") == ""  # pins none: not an error
+    settings.EDT_DEFAULT_ENVIRONMENT = "removed"
+    assert framework_version("PyTorch") == ""
