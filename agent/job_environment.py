@@ -238,6 +238,10 @@ def _base(environment: Environment, host: str, log: BinaryIO) -> EnvironmentBuil
     base is the agent's own: a root process may run it) so its jobs' processes start warm."""
     built = _ready(environment, host, log, lambda: _build_base(environment, host, log))
     warm.pools.start(built.python)
+    if "tensorflow" in (built.installed or {}):
+        # One with TensorFlow imported too, so that even the first TensorFlow job's processes
+        # here fork from it rather than import TensorFlow themselves (``WarmPools.start_for``).
+        warm.pools.start(built.python, "tensorflow")
     return built
 
 

@@ -33,7 +33,8 @@ class FakeBuilds:
 
     def base(self, packages, folder, log, timeout_s):
         self.calls.append(("base", folder.name, tuple(packages)))
-        return self._built(folder, {"torch": "2.14.1"})
+        pins = dict(p.split("==") for p in packages if "==" in p)
+        return self._built(folder, {"torch": "2.14.1", **pins})
 
     def layer(self, base_python, base_installed, requirements, folder, log, timeout_s,
               max_bytes, account):
@@ -156,9 +157,13 @@ def test_the_tensorflow_environment_is_built_at_start_once_a_tensorflow_model_ex
 
 
 def test_a_tensorflow_job_runs_in_the_tensorflow_environment_built_for_it(
-        owner, model_def, cluster, builds, settings):
+        owner, model_def, cluster, builds, settings, monkeypatch):
     from environments.spec import TENSORFLOW_PACKAGES
     from jobs.services import job_submit
+
+    warm_started = []
+    monkeypatch.setattr(je.warm.pools, "start",
+                        lambda python, kind="torch": warm_started.append((python, kind)))
 
     settings.EDT_DEFAULT_ENVIRONMENT = "default"
     model_def.framework = "TensorFlow"
@@ -171,3 +176,5 @@ def test_a_tensorflow_job_runs_in_the_tensorflow_environment_built_for_it(
     assert [(kind, name, sorted(packages)) for kind, name, packages in builds.calls] == [
         ("base", "tensorflow", sorted(TENSORFLOW_PACKAGES))]
     assert python.endswith("/bases/tensorflow/bin/python"), python
+    # Its warm processes: the torch one, and the one with TensorFlow imported, from the start.
+    assert warm_started == [(python, "torch"), (python, "tensorflow")]
