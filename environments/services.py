@@ -23,7 +23,7 @@ from django.conf import settings
 
 from environments import imports
 from environments.models import Environment, EnvironmentBuild
-from environments.spec import BUILTIN, DEFAULT_NAME, TENSORFLOW_NAME
+from environments.spec import BUILTIN, DEFAULT_NAME, TENSORFLOW_NAME, distribution_name
 
 # Past this many, the rest of the missing imports are counted, not named.
 MAX_LISTED = 20
@@ -67,9 +67,8 @@ def framework_version(framework: str) -> str:
         except metadata.PackageNotFoundError:
             return ""
     for line in environment.requirements():
-        name, _, version = line.partition("==")
-        if name.strip().lower() == distribution and version:
-            return version.strip()
+        if distribution_name(line) == distribution:
+            return line.partition("==")[2].split(";")[0].strip()
     return ""
 
 
