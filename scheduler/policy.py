@@ -242,9 +242,7 @@ def _goodput(
     weights = goodput.weights([j.priority for j in ordered], rates,
                               [j.remaining for j in ordered], fair,
                               [j.history for j in ordered])
-    best = goodput.divide(weights, rates, lower, caps, total)
-    if goodput.keep_current(weights, rates, held, best, lower, caps, total):
-        best = list(held)
+    best = goodput.settle(weights, rates, held, lower, caps, total)
     return best, _goodput_reasons(ordered, rates, fair, best)
 
 

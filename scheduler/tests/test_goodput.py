@@ -129,6 +129,16 @@ def test_it_keeps_a_division_that_is_nearly_as_good_as_the_best():
         goodput.HYSTERESIS = goodput_h
 
 
+def test_hysteresis_never_leaves_a_free_slot_idle(monkeypatch):
+    # Job 1 holds 5 slots, job 2 holds 2 of the 8: a third job just ended and freed one.
+    held = [JobDemand(1, max_workers=8, submitted=1, placement={"a": 5}, running=True),
+            JobDemand(2, max_workers=8, submitted=2, placement={"a": 2}, running=True)]
+    # A hysteresis so wide that no slot moves between the jobs (4/4 would be the best)...
+    monkeypatch.setattr(goodput, "HYSTERESIS", 0.5)
+    # ...still hands the free slot out, to the job that gains most from it.
+    assert allocate({"a": 8}, held, "goodput").targets == {1: 5, 2: 3}
+
+
 def test_it_leaves_slots_idle_rather_than_slow_every_job_down():
     slowing = lambda n: 1.0 / n  # noqa: E731 - each worker more makes it slower
     jobs = [JobDemand(1, max_workers=8, rate=slowing)]
