@@ -80,6 +80,21 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def wake_on_exit(self, event: threading.Event) -> None:
+        """Set ``event`` as soon as the process exits, so that its supervisor (which polls a
+        few times a second) gives the slot back at once: another job waits for it."""
+        if isinstance(self.proc, warm.WarmProcess):
+            self.proc.notify_exit(event)
+            return
+        proc = self.proc
+
+        def wait() -> None:
+            with contextlib.suppress(Exception):  # whatever ends the wait, look again
+                proc.wait()
+            event.set()
+
+        threading.Thread(target=wait, daemon=True, name=f"edt-exit-{self.key}").start()
+
     def output_captured(self) -> bool:
         """Whether any line of the process's output reached the job's log as events (the
         runtime captures it once imported: a script that fails at import never gets there)."""

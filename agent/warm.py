@@ -72,6 +72,8 @@ class WarmProcess:
         self.pid = pid
         self.returncode: int | None = None
         self._done = threading.Event()
+        self._listeners: list[threading.Event] = []
+        self._lock = threading.Lock()
 
     def poll(self) -> int | None:
         return self.returncode
@@ -83,8 +85,20 @@ class WarmProcess:
         return self.returncode
 
     def exited(self, returncode: int) -> None:
-        self.returncode = returncode
-        self._done.set()
+        with self._lock:
+            self.returncode = returncode
+            self._done.set()
+            listeners = list(self._listeners)
+        for event in listeners:
+            event.set()
+
+    def notify_exit(self, event: threading.Event) -> None:
+        """Set ``event`` when the process exits (at once if it has)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._listeners.append(event)
+                return
+        event.set()
 
 
 @dataclass

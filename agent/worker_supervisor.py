@@ -117,8 +117,10 @@ def _run_worker(allocation_id: int, key: str) -> str:
         except LaunchError as exc:
             return _launch_failed(alloc, exc)
         registry.set_child(key, child)
+        wake = registry.wakeup(key)
+        child.wake_on_exit(wake)  # its exit gives the slot back at once, not at the next poll
         try:
-            result = _Watch(alloc, attempt, addr, child, beat, registry.wakeup(key)).run()
+            result = _Watch(alloc, attempt, addr, child, beat, wake).run()
         finally:
             # Nothing the worker started outlives it: its cgroup is killed and removed.
             child.end(TERM_GRACE_S)

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from agent import warm
+from agent.children import Child
 
 
 @pytest.fixture
@@ -242,3 +245,26 @@ def test_a_tensorflow_warm_process_refuses_to_serve_once_tensorflow_has_run(tmp_
                           timeout=120, env={**os.environ, **warm.TENSORFLOW_ENV})
     assert done.returncode == 3, done.stderr[-2000:]
     assert "TensorFlow's runtime was started while preloading" in done.stdout
+
+
+def test_a_forked_process_wakes_its_supervisor_when_it_exits():
+    proc = warm.WarmProcess(4242)
+    before, after = threading.Event(), threading.Event()
+    proc.notify_exit(before)
+    assert not before.is_set()
+    proc.exited(0)
+    assert before.is_set(), "a listener registered before the exit was not woken"
+    proc.notify_exit(after)
+    assert after.is_set(), "a listener registered after the exit was not woken at once"
+
+
+def test_a_cold_process_wakes_its_supervisor_when_it_exits(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    child = Child("slot:1", proc, tmp_path / "log")
+    woken = threading.Event()
+    child.wake_on_exit(woken)
+    assert not woken.wait(0.2), "woken while the process still runs"
+    proc.stdin.close()  # it reads to the end, then exits
+    assert woken.wait(30), "not woken within 30 s of the process's exit"
+    assert child.end() == 0
