@@ -305,6 +305,12 @@ class _Watch:
             self.alloc.refresh_from_db(fields=_SLOT_FIELDS)
         self.job.refresh_from_db(fields=_JOB_FIELDS)
 
+    def nap(self, seconds: float) -> None:
+        """Wait ``seconds``, less if woken (a control message, the worker's exit); a wake-up
+        is used once, so the waits after it wait (the exit's would otherwise end every one)."""
+        if self.wake.wait(seconds):
+            self.wake.clear()
+
     def new_attempt(self) -> bool:
         return self.job.attempt != self.attempt
 
@@ -409,7 +415,7 @@ def _await_driver_decision(watch: _Watch) -> RunResult | None:
     """The worker lost its driver (the job is ending, or the driver died): not this worker's
     failure. Keep the slot until the driver's supervisor or the scheduler has decided: the job
     ended (release) or a new driver attempt runs (rejoin it). None: nobody decided in time."""
-    _hold_until_decided(watch, DRIVER_DECISION_S, lambda: watch.wake.wait(POLL_S * 2))
+    _hold_until_decided(watch, DRIVER_DECISION_S, lambda: watch.nap(POLL_S * 2))
     if watch.rejoins():
         return REJOIN
     if watch.job.is_terminal:

@@ -116,3 +116,15 @@ def test_rows_are_read_every_slot_poll_or_when_woken(watch):
     watch.wake.set()
     assert watch.observe() == WorkerState.NEW_ATTEMPT
     assert not watch.wake.is_set()
+
+
+def test_waiting_for_a_lost_drivers_fate_after_the_exit_does_not_spin(watch, monkeypatch):
+    # The worker's exit set the wake-up; the watch then holds the slot until the job's fate
+    # is decided, reading the job's row once per pause, not as fast as it can.
+    reads = []
+    watch.job.refresh_from_db = lambda fields=(): reads.append(fields)
+    monkeypatch.setattr(worker_supervisor, "DRIVER_DECISION_S", 0.3)
+    monkeypatch.setattr(worker_supervisor, "POLL_S", 0.05)
+    watch.wake.set()
+    assert worker_supervisor._await_driver_decision(watch) is None  # nobody decided
+    assert 1 <= len(reads) <= 10, f"the job's row was read {len(reads)} times in 0.3 s"
