@@ -175,7 +175,9 @@ def settle(
     best = divide(weights, rates, lower, caps, total)
     kept = [min(max(n, lo), cap) if b else 0
             for n, lo, cap, b in zip(held, lower, caps, best, strict=True)]
-    if sum(kept) > total:
+    # The jobs hold the best division already (the steady state; divided again from it, it
+    # would not change), or cannot all keep what they hold (a job arrived): the best it is.
+    if kept == best or sum(kept) > total:
         return best
     filled = divide(weights, rates, kept, caps, total)
     gain = utility(weights, rates, best) - utility(weights, rates, filled)
