@@ -2,14 +2,18 @@
 
 Stability comes first: a job keeps the slots it holds unless its target shrinks, and
 only new slots are placed, so an unchanged input gives the same placement and a change
-moves exactly the slots whose count changed (no job is migrated between hosts).
+moves exactly the slots whose count changed (``place`` migrates no job between hosts).
 New slots go where they pack the job on few hosts: first on hosts it already uses, then
 on the fullest host that fits the whole rest (best fit), else on the emptiest host.
+
+``repack`` is the exception, and only the throughput-aware policy asks for it: a job that fits
+on one host but is spread over several is moved onto one where the slots allow it (a move is a
+grant on one host and a reclaim on another, like any change).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
@@ -149,3 +153,114 @@ def _grow(
             h = host_ids[k]
             kept[h] = kept.get(h, 0) + n
             need -= n
+
+
+# Whether a move pays: ``worth(job index, its slots, hosts now, hosts after the move)``.
+Worth = Callable[[int, int, int, int], bool]
+
+
+def repack(
+    host_ids: Sequence[HostId],
+    hosts: Mapping[HostId, int],
+    placements: list[dict[HostId, int]],
+    worth: Worth,
+) -> dict[int, tuple[int, int]]:
+    """Move each job that fits on one host but is spread over several onto one host, where
+    ``worth`` agrees; changes ``placements`` in place and returns, per moved job index, its
+    hosts before and after.
+
+    Why one host: within a host, workers synchronise over shared memory (or NVLink); across
+    hosts, over the network, and a ring all-reduce goes as fast as its slowest link, so a job
+    on 3 hosts is not much slower than on 2, but a job on 1 is much faster than on 2 (2x for
+    the 2-4 GPU jobs of the Pollux traces). A job that needs several hosts anyway stays put.
+
+    The spread jobs are re-placed together, the largest first, on their own slots and the
+    free ones: each takes the tightest host that holds it whole, else keeps its slots if they
+    are still there, else (a larger job took them) the fewest hosts that hold it, never more
+    than it had. The result is kept only if some job ends on one host, so jobs cannot move
+    back and forth: every kept re-placement lowers their hosts in all. On a host a job stays
+    on it keeps its slots; only the workers on the hosts it leaves move, and a move costs what
+    a grow does (a worker starting and joining)."""
+    fullest = max(hosts.values(), default=0)
+    spread = [i for i, mine in enumerate(placements)
+              if len(mine) > 1 and sum(mine.values()) <= fullest
+              and worth(i, sum(mine.values()), len(mine), 1)]
+    if not spread:
+        return {}
+    index = {h: k for k, h in enumerate(host_ids)}
+    pool = dict(hosts)
+    moving = set(spread)
+    for i, mine in enumerate(placements):
+        if i not in moving:
+            for h, c in mine.items():
+                pool[h] -= c
+    new = _together(spread, placements, pool, index)
+    moved = {}
+    for i, placement in (new or {}).items():
+        if placement != placements[i]:
+            moved[i] = (len(placements[i]), len(placement))
+            placements[i] = dict(sorted(placement.items(), key=lambda hc: index[hc[0]]))
+    return moved
+
+
+def _together(spread: list[int], placements: list[dict[HostId, int]], pool: dict[HostId, int],
+              index: Mapping[HostId, int]) -> dict[int, dict[HostId, int]] | None:
+    """The spread jobs re-placed on ``pool`` (the free slots and their own), or None if no
+    job ends on one host or a job would end on more hosts than it had."""
+    new: dict[int, dict[HostId, int]] = {}
+    packs = False
+    for i in sorted(spread, key=lambda i: (-sum(placements[i].values()), i)):
+        mine = placements[i]
+        n = sum(mine.values())
+        if (host := _tightest(mine, n, pool, index)) is not None:
+            choice, packs = {host: n}, True
+        elif all(pool[h] >= c for h, c in mine.items()):
+            choice = mine
+        elif (packed := _packed(mine, n, pool, index, limit=len(mine))) is not None:
+            choice = packed  # its slots went to a job that packs: it moves, on no more hosts
+        else:
+            return None
+        for h, c in choice.items():
+            pool[h] -= c
+        new[i] = choice
+    return new if packs else None
+
+
+def _tightest(mine: Mapping[HostId, int], n: int, room: Mapping[HostId, int],
+              index: Mapping[HostId, int]) -> HostId | None:
+    """The host of ``room`` (slots the job may use per host) that holds all ``n`` slots with
+    the fewest to spare; among equals the one where the job has most, then host order."""
+    fits = [h for h, r in room.items() if r >= n]
+    if not fits:
+        return None
+    return min(fits, key=lambda h: (room[h], -mine.get(h, 0), index[h]))
+
+
+def _packed(mine: Mapping[HostId, int], n: int, room: Mapping[HostId, int],
+            index: Mapping[HostId, int], limit: int) -> dict[HostId, int] | None:
+    """The job's ``n`` slots on as few hosts of ``room`` as they fit: the roomiest hosts
+    (its own first among equals), the last one the tightest that holds the rest; on each
+    chosen host it keeps the slots it has there. None if that takes more than ``limit``."""
+    order = sorted((h for h, r in room.items() if r > 0),
+                   key=lambda h: (-room[h], -mine.get(h, 0), index[h]))
+    chosen: list[HostId] = []
+    need = n
+    for h in order:
+        if len(chosen) >= limit:
+            return None
+        if room[h] >= need:
+            chosen.append(_tightest(mine, need, {g: room[g] for g in order
+                                                 if g not in chosen}, index) or h)
+            need = 0
+            break
+        chosen.append(h)
+        need -= room[h]
+    if need > 0:
+        return None
+    packed = {h: min(mine.get(h, 0), room[h]) for h in chosen}
+    more = n - sum(packed.values())
+    for h in sorted(chosen, key=lambda g: -(room[g] - packed[g])):
+        add = min(room[h] - packed[h], more)
+        packed[h] += add
+        more -= add
+    return {h: c for h, c in packed.items() if c}
