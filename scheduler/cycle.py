@@ -281,6 +281,9 @@ def explain_changes(changes: list[JobChange], decision: Decision,
         change.reason = said.get(change.job.pk)
         change.said = change.reason.text if change.reason is not None else reasons.settling(
             change.target, change.said_before, situation.hosts_lost)
+        if moved := decision.moved.get(change.job.pk):
+            # A move to fewer hosts changes where its slots are, not (only) how many.
+            change.said = f"{change.said}; {moved}" if change.reason is not None else moved
 
 
 def job_facts(change: JobChange, before: reasons.JobMemory | None,

@@ -26,6 +26,11 @@ Bounds, so that no one starves:
 - no job gets more than its max workers, and slots are never over-committed;
 - admission (who runs at all) is fair share's: by priority, then submission.
 
+Packing: a job that fits on one host but is spread over several trains slower (its all-reduce
+crosses the network), and the model it learned predicts sizes on packed hosts. Where the free
+slots (or a swap with another spread job) would hold it on one host, its workers on the hosts
+it leaves are moved there (``placement.repack``), if the move pays (``move_pays``).
+
 Hysteresis: what each job holds is kept, and the free slots handed out, while that is within
 the bounds and the best division would improve the objective by less than ``HYSTERESIS`` (per
 unit of priority of the jobs), so a small change in a measurement does not move slots back and
@@ -184,6 +189,45 @@ def settle(
     if gain < HYSTERESIS * sum(w for w, b in zip(weights, best, strict=True) if b):
         return filled
     return best
+
+
+# A job is moved onto one host (``placement.repack``) only if it has enough work left that a
+# gain this small would repay the move, and it was not measured slower there.
+MOVE_GAIN = 0.01
+# What a move costs the job, in seconds without training: a worker starting and joining on its
+# new host, as a grow does (bench/elastic_e2e.py: 0.5 s for PyTorch, ~2 s for TensorFlow).
+MOVE_S = 2.0
+
+
+def move_pays(rate: Rate, n: int, hosts: int, fewer: int, remaining: float | None) -> bool:
+    """Whether moving a job of ``n`` slots from ``hosts`` hosts to ``fewer`` pays: it was not
+    measured slower there (where it or its kin ran at both shapes), and its work left at its
+    present speed is long enough (``MOVE_S / MOVE_GAIN``) for a small gain to repay the move.
+
+    The learned model alone does not decide: it can only say a host never helps, and on the
+    Pollux traces it learns almost no cost per host (the jobs' sizes and hosts rise together),
+    while their 2-4 GPU jobs train twice as fast on one host as on two."""
+    speedup = getattr(rate, "speedup", None)
+    if speedup is not None and speedup(n, hosts, fewer) < 1.0:
+        return False
+    return remaining is None or remaining / max(rate(n), 1e-12) * MOVE_GAIN > MOVE_S
+
+
+def move_reason(rate: Rate, n: int, hosts: int, fewer: int) -> str:
+    """Why a job moved, in its owner's words."""
+    if fewer > 1:
+        # Its slots went to a job that now fits on one host; it moved on no more hosts.
+        return (f"moved to other hosts ({fewer}, it was on {hosts}) to make room for a job "
+                "that now trains on one host")
+    text = (f"moved from {hosts} hosts to 1: on one host its workers synchronise without "
+            "the network")
+    speedup = getattr(rate, "speedup", None)
+    if speedup is not None and (gain := speedup(n, hosts, fewer) - 1.0) >= MOVE_GAIN:
+        measured = getattr(rate, "measured", {})
+        source = ("by its measurements" if (n, hosts) in measured and (n, fewer) in measured
+                  else "as its model predicts")
+        text += f" (about {100 * gain:.0f}% faster, {source})"
+    return text
 
 
 def marginal_percent(rate: Rate, n: int) -> float:

@@ -20,13 +20,13 @@ input or on set/dict iteration order.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from jobs import priority as priority_bounds
 
 from . import goodput
-from .placement import place
+from .placement import place, repack
 
 POLICIES = ("fairshare", "priority", "fifo", "goodput")
 
@@ -87,6 +87,8 @@ class Decision:
     # better than a comparison of before and after could tell (the throughput-aware policy's
     # marginal gains). Jobs without an entry are explained by ``scheduler.reasons``.
     reasons: dict[JobId, str] = field(default_factory=dict)
+    # Jobs moved onto fewer hosts without a change of count (``placement.repack``), and why.
+    moved: dict[JobId, str] = field(default_factory=dict)
 
     @property
     def admitted(self) -> tuple[JobId, ...]:
@@ -141,8 +143,10 @@ def allocate(
     reasons: dict[JobId, str] = {}
     if policy == "goodput":
         targets, reasons = _goodput(ordered, held, targets, sum(hosts.values()), preemption)
-    placements = place(sorted(hosts, key=id_key), hosts, current, targets)
-    return _decision(ordered, held, targets, placements, reasons)
+    host_ids = sorted(hosts, key=id_key)
+    placements = place(host_ids, hosts, current, targets)
+    moved = _repack(ordered, host_ids, hosts, placements) if policy == "goodput" else {}
+    return replace(_decision(ordered, held, targets, placements, reasons), moved=moved)
 
 
 def _check_inputs(hosts: Mapping[HostId, int], policy: str) -> None:
@@ -244,6 +248,20 @@ def _goodput(
                               [j.history for j in ordered])
     best = goodput.settle(weights, rates, held, lower, caps, total)
     return best, _goodput_reasons(ordered, rates, fair, best)
+
+
+def _repack(ordered: Sequence[JobDemand], host_ids: Sequence[HostId],
+            hosts: Mapping[HostId, int], placements: list[dict[HostId, int]]
+            ) -> dict[JobId, str]:
+    """goodput: move jobs that fit on one host but are spread onto one, where it pays
+    (``goodput.move_pays``; ``placements`` change in place). Returns why each job moved."""
+    def worth(i: int, n: int, k: int, fewer: int) -> bool:
+        job = ordered[i]
+        return job.rate is not None and goodput.move_pays(job.rate, n, k, fewer, job.remaining)
+
+    moved = repack(host_ids, hosts, placements, worth)
+    return {ordered[i].job_id: goodput.move_reason(ordered[i].rate, n, k, fewer)
+            for i, (k, fewer) in moved.items() for n in [sum(placements[i].values())]}
 
 
 def _goodput_reasons(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -55,6 +55,9 @@ class ThroughputModel:
     params: tuple[float, float, float, float, float]
     # Slots per host, to guess the hosts ``rate(n)`` is spread over (the placement packs).
     slots_per_host: int = 1
+    # The measurements it was fitted to, by (workers, hosts): samples per second.
+    measured: dict[tuple[int, int], float] = field(default_factory=dict, compare=False,
+                                                    hash=False)
 
     def seconds_per_sample(self, n: int, k: int | None = None) -> float:
         if k is None:
@@ -71,6 +74,16 @@ class ThroughputModel:
     def __call__(self, n: int) -> float:
         return self.rate(n)
 
+    def speedup(self, n: int, k: int, fewer: int) -> float:
+        """How much faster ``n`` workers train on ``fewer`` hosts than on ``k``: as measured
+        where the job (or its kin) ran at both shapes, else as the model predicts. The model
+        can only say "no slower" or "faster" (a host never helps it); a measurement can say
+        that fewer hosts were slower (a host's own bottleneck, or its neighbours')."""
+        now, after = self.measured.get((n, k)), self.measured.get((n, fewer))
+        if now and after:
+            return after / now
+        return self.rate(n, fewer) / self.rate(n, k)
+
 
 def fit(observations: Sequence[Observation], slots_per_host: int = 1) -> ThroughputModel:
     """Fit the model to a job's measurements; the prior alone if there are none."""
@@ -83,6 +96,7 @@ def _fit(observations: tuple[Observation, ...], slots_per_host: int) -> Throughp
     seen = [o for o in observations if o.samples_per_s > 0]
     if not seen:
         return ThroughputModel(PRIOR, slots_per_host)
+    measured = {(o.workers, o.hosts): o.samples_per_s for o in seen}
     # The unit: the time per sample one worker would take if the first size seen scaled
     # perfectly. The prior is written in that unit; the fit is scaled back at the end.
     unit = min(o.workers / o.samples_per_s for o in seen)
@@ -99,7 +113,7 @@ def _fit(observations: tuple[Observation, ...], slots_per_host: int) -> Throughp
         rows.append(row)
         targets.append(weight * p)
     params, _ = nnls(np.array(rows), np.array(targets))
-    return ThroughputModel(tuple(float(p) * unit for p in params), slots_per_host)
+    return ThroughputModel(tuple(float(p) * unit for p in params), slots_per_host, measured)
 
 
 def with_kin(own: Sequence[Observation], kin: Sequence[Observation]) -> list[Observation]:

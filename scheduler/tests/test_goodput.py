@@ -203,3 +203,47 @@ def test_a_job_behind_its_fair_share_of_slot_time_catches_up():
     starved = [fresh[0], JobDemand(2, max_workers=8, submitted=2, rate=amdahl(0.0),
                                    remaining=4e5, history=(600.0, 600.0))]
     assert allocate(hosts, starved, "goodput").targets[2] > behind
+
+
+def spread_pair(rate, remaining=None):
+    """Job 1 (2 slots) spread over hosts a and b, which has room for it on a; job 2 fills b."""
+    return ({"a": 4, "b": 4},
+            [JobDemand(1, max_workers=2, submitted=1, placement={"a": 1, "b": 1}, running=True,
+                       rate=rate, remaining=remaining),
+             JobDemand(2, max_workers=3, submitted=2, placement={"b": 3}, running=True,
+                       rate=rate)])
+
+
+def test_it_moves_a_spread_job_onto_one_host_and_says_why():
+    hosts, jobs = spread_pair(fit([Observation(2, 1, 200.0)], slots_per_host=4))
+    decision = allocate(hosts, jobs, "goodput")
+    assert decision.placements[1] == {"a": 2}
+    assert decision.placements[2] == {"b": 3}
+    assert decision.moved == {1: "moved from 2 hosts to 1: on one host its workers synchronise "
+                                 "without the network (about 4% faster, as its model predicts)"}
+    fair = allocate(hosts, jobs, "fairshare")
+    assert fair.placements[1] == {"a": 1, "b": 1} and not fair.moved, "fair share moved a job"
+
+
+def test_it_does_not_move_a_job_measured_slower_on_one_host():
+    slower = fit([Observation(2, 1, 100.0), Observation(2, 2, 150.0)], slots_per_host=4)
+    assert slower.speedup(2, 2, 1) == pytest.approx(100.0 / 150.0)
+    hosts, jobs = spread_pair(slower)
+    decision = allocate(hosts, jobs, "goodput")
+    assert decision.placements[1] == {"a": 1, "b": 1} and not decision.moved
+
+
+def test_it_does_not_move_a_job_about_to_end():
+    model = fit([Observation(2, 1, 200.0)], slots_per_host=4)
+    # 10 s of work left: a 1% gain saves 0.1 s, less than a move costs.
+    hosts, jobs = spread_pair(model, remaining=2000.0)
+    assert not allocate(hosts, jobs, "goodput").moved
+    hosts, jobs = spread_pair(model, remaining=2000.0 * 1000)
+    assert allocate(hosts, jobs, "goodput").moved
+
+
+def test_a_measured_speedup_on_one_host_is_in_the_reason():
+    faster = fit([Observation(2, 1, 300.0), Observation(2, 2, 150.0)], slots_per_host=4)
+    hosts, jobs = spread_pair(faster)
+    assert allocate(hosts, jobs, "goodput").moved[1].endswith(
+        "(about 100% faster, by its measurements)")

@@ -193,3 +193,33 @@ def test_the_groups_share_note_explains_the_shrink(owner, model_def, cluster, cy
     said.new()
     cycle()
     assert reason_of(said.new(), job) == f"shrunk 8 → 4: {note}"
+
+
+def test_a_move_onto_one_host_says_why_on_its_slot_events(owner, model_def, cluster, cycle,
+                                                           said):
+    """goodput moves a 2-slot job spread over both hosts onto one when a job there ends: one
+    grant on the host it packs on, one reclaim on the host it leaves, both saying why."""
+    from scheduler.tests.test_goodput_service import report
+
+    group = cluster["instance_group"]
+    group.policy = "goodput"
+    group.save()
+    first = submit(owner, model_def, cluster, max_workers=3)
+    second = submit(owner, model_def, cluster, max_workers=3)
+    spread = submit(owner, model_def, cluster, max_workers=2)
+    cycle()
+    assert (held(first), held(second), held(spread)) == (
+        {"host1": 3}, {"host2": 3}, {"host1": 1, "host2": 1})
+    report(spread, 2, 200.0)
+    first.transition(states.FINISHED)
+    said.new()
+    cycle()
+    events = said.new()
+    assert not of(events, spread, "job.target"), "a move changed the job's count"
+    (grant,) = of(events, spread, "slot.granted")
+    (reclaim,) = of(events, spread, "slot.reclaim_requested")
+    assert grant["reason"] == reclaim["reason"]
+    assert grant["reason"].startswith("moved from 2 hosts to 1: on one host its workers"), grant
+    assert "host1" in json.dumps(grant) and "host2" in json.dumps(reclaim), (grant, reclaim)
+    confirm_left(spread)
+    assert held(spread) == {"host1": 2}
