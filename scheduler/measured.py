@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -46,29 +47,70 @@ def _latest(epoch: int, iteration: int, values: dict, rate: float) -> Latest:
 def observations(job_ids: list[int], now: datetime, slots_per_host: int,
                  window: timedelta = WINDOW
                  ) -> tuple[dict[int, list[Observation]], dict[int, Latest]]:
-    """Each job's median samples per second at each worker count it reported (the newest
-    reports, of the last ``window``), and its newest report. The hosts a size spread over are
-    not in the reports: the placement packs, so ``ceil(workers / slots_per_host)``."""
-    per: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    """Each job's median samples per second at each shape it reported at (the newest reports,
+    of the last ``window``), and its newest report. A report says its workers, not its hosts:
+    those are the hosts the job held slots on when it was made (``_Hosts``)."""
+    per: dict[int, dict[tuple[int, int], list[float]]] = defaultdict(lambda: defaultdict(list))
     latest: dict[int, Latest] = {}
     rows = (JobMetric.objects
             .filter(job_id__in=job_ids, kind=JobMetric.Kind.TRAIN, ts__gte=now - window,
                     workers__gt=0)
-            .order_by("-ts").values_list("job_id", "workers", "epoch", "iteration", "values"))
-    for job_id, workers, epoch, iteration, values in rows[:ROWS_PER_JOB * max(len(job_ids), 1)]:
+            .order_by("-ts")
+            .values_list("job_id", "workers", "epoch", "iteration", "values", "ts"))
+    hosts = _Hosts(job_ids, now - window, slots_per_host)
+    for job_id, workers, epoch, iteration, values, ts in rows[
+            :ROWS_PER_JOB * max(len(job_ids), 1)]:
         rate = values.get("samples_per_s") if isinstance(values, dict) else None
         if not isinstance(rate, int | float) or rate <= 0:
             continue
         if job_id not in latest:
             latest[job_id] = _latest(epoch, iteration, values, float(rate))
-        if len(per[job_id][workers]) < 50:
-            per[job_id][workers].append(float(rate))
+        shape = (workers, hosts.at(job_id, ts, workers))
+        if len(per[job_id][shape]) < 50:
+            per[job_id][shape].append(float(rate))
     seen = {
-        job_id: [Observation(n, -(-n // max(slots_per_host, 1)), statistics.median(rates))
-                 for n, rates in sorted(sizes.items())]
-        for job_id, sizes in per.items()
+        job_id: [Observation(n, k, statistics.median(rates))
+                 for (n, k), rates in sorted(shapes.items())]
+        for job_id, shapes in per.items()
     }
     return seen, latest
+
+
+class _Hosts:
+    """Over how many hosts each job's workers were at a moment: the hosts of the slots it held
+    then (granted, not yet released), read once from its allocations."""
+
+    def __init__(self, job_ids: list[int], since: datetime, slots_per_host: int) -> None:
+        self.slots_per_host = max(slots_per_host, 1)
+        changes: dict[int, list[tuple[datetime, int, int]]] = defaultdict(list)
+        for job_id, host_id, granted, released in (
+                SlotAllocation.objects.filter(job_id__in=job_ids)
+                .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
+                .values_list("job_id", "host_id", "granted_at", "released_at")):
+            changes[job_id].append((granted, host_id, 1))
+            if released is not None:
+                changes[job_id].append((released, host_id, -1))
+        # Per job: the moments its hosts changed, and how many it was on from each.
+        self.times: dict[int, list[datetime]] = {}
+        self.counts: dict[int, list[int]] = {}
+        for job_id, events in changes.items():
+            held: dict[int, int] = defaultdict(int)
+            times, counts = [], []
+            for when, host_id, delta in sorted(events, key=lambda e: (e[0], -e[2])):
+                held[host_id] += delta
+                times.append(when)
+                counts.append(sum(1 for n in held.values() if n > 0))
+            self.times[job_id], self.counts[job_id] = times, counts
+
+    def at(self, job_id: int, ts: datetime, workers: int) -> int:
+        """The hosts at ``ts``, between the fewest ``workers`` fit on and one per worker (a
+        report made as the job changed may see a slot its workers did not train on yet)."""
+        packed = -(-workers // self.slots_per_host)
+        times = self.times.get(job_id)
+        k = bisect_right(times, ts) if times else 0
+        if not k:
+            return packed
+        return min(max(self.counts[job_id][k - 1], packed), workers)
 
 
 # What makes two jobs kin: the same definition (model, data, devices per worker, instance

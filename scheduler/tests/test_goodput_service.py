@@ -13,10 +13,10 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.models import JobMetric, TrainingJob
+from jobs.models import JobMetric, SlotAllocation, TrainingJob
 from scheduler.measured import models, observations
 from scheduler.service import SchedulerService
-from scheduler.tests.test_service import RecordingExecutor, confirm_left, submit
+from scheduler.tests.test_service import RecordingExecutor, confirm_left, held, submit
 from scheduler.throughput import PRIOR, Observation, fit
 
 
@@ -81,6 +81,34 @@ def test_it_reads_the_median_throughput_at_each_size_a_job_reported(owner, model
 
 
 @pytest.mark.django_db
+def test_a_report_counts_the_hosts_the_job_held_when_it_was_made(owner, model_def, cluster,
+                                                                 cycle):
+    """The same 2 workers spread over two hosts, then on one after a move: two shapes."""
+    first = submit(owner, model_def, cluster, max_workers=3)
+    submit(owner, model_def, cluster, max_workers=3)  # fills host2
+    spread = submit(owner, model_def, cluster, max_workers=2)
+    cycle()
+    assert held(spread) == {"host1": 1, "host2": 1}
+    report(spread, 2, 150.0)
+    later = timezone.now()
+    for alloc in spread.allocations.filter(host__name="host2"):
+        alloc.released_at = later
+        alloc.save(update_fields=["released_at"])
+    first.allocations.update(released_at=later)  # it ended: its slot 0 on host1 is free
+    stays = spread.allocations.get(host__name="host1")
+    SlotAllocation.objects.create(job=spread, host=stays.host, slot=0,
+                                  granted_at=later + timedelta(seconds=1))
+    JobMetric.objects.create(job=spread, kind=JobMetric.Kind.TRAIN, workers=2,
+                             values={"samples_per_s": 300.0},
+                             ts=later + timedelta(seconds=2))
+    seen = observations([spread.pk], later + timedelta(seconds=3), slots_per_host=4)[0]
+    assert [(o.workers, o.hosts, o.samples_per_s) for o in seen[spread.pk]] == [
+        (2, 1, 300.0), (2, 2, 150.0)]
+    model = models([spread], later + timedelta(seconds=3), 4)[spread.pk].rate
+    assert model.speedup(2, 2, 1) == pytest.approx(2.0)
+
+
+@pytest.mark.django_db
 def test_it_knows_the_work_left_from_the_first_report(owner, model_def, cluster):
     """Steps done of all the epochs' steps, at the pace so far: 5 of 2 x 10 steps in 100 s
     leave 300 s, at its current 380 samples/s."""
@@ -125,8 +153,9 @@ def test_a_job_learns_what_its_kin_measured_at_sizes_it_has_not_run_at(
     report(other_depth, 1, 100.0, steps_per_epoch=10)
     ids = [second.pk, other_batch.pk, other_depth.pk, silent.pk]
     jobs = list(TrainingJob.objects.filter(pk__in=ids))
-    # Its reports, its kin's jobs, their reports, the slot-time held: however many kin.
-    with django_assert_num_queries(4):
+    # Its reports and slots (the hosts of each report), its kin's jobs, their reports and
+    # slots, the slot-time held: however many kin.
+    with django_assert_num_queries(6):
         learned = models(jobs, now, 4)
     assert learned[second.pk].rate.rate(8) == pytest.approx(500.0, rel=0.05)
     alone = fit([Observation(1, 1, 100.0)], 4)
