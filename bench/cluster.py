@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="a job holds its slots this long after its last step")
     parser.add_argument("--handoff-s", type=float, default=0.5,
                         help="a start or grow on slots the same decision reclaims waits this")
+    parser.add_argument("--move-s", type=float, default=Costs.move_s,
+                        help="a move onto one host (goodput's packing) pauses the job this long")
     parser.add_argument("--scale", default="10000x1000",
                         help="JOBSxHOSTS for the decision time (8 slots per host); 0 skips it")
     parser.add_argument("--skip-real", action="store_true",
@@ -246,7 +248,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     harness.install()  # the pool's processes (and the real run's) end with the bench
     workloads = args.workloads.split(",")
     policies = tuple(args.policies.split(","))
-    costs = Costs(args.grow_s, args.shrink_s, args.start_s, args.finish_s, args.handoff_s)
+    costs = Costs(args.grow_s, args.shrink_s, args.start_s, args.finish_s, args.handoff_s,
+                  args.move_s)
     setup = Setup(args.data, args.max_workers, costs, args.interval, not args.no_kin, args.load)
     if problem := missing(setup, workloads):
         parser.error(problem)

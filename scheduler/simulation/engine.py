@@ -6,8 +6,9 @@ to event (an arrival, a completion, the scheduler's timer) instead of ticking:
 - On each event the scheduler decides, as the product's does: ``allocate()`` with the jobs
   that have arrived and not finished, each with the slots it holds (``placement``), its max
   workers and, for ``goodput``, a throughput model fitted to what it has measured so far.
-- A job whose slot count changes pauses for the rescale's cost (``Costs``: grow, shrink, first
-  start), then trains at the speed of its new shape, ``AppTrace.step_time(n, hosts, batch)``.
+- A job whose slots change pauses for the rescale's cost (``Costs``: grow, shrink, first
+  start, a move to other hosts), then trains at the speed of its new shape,
+  ``AppTrace.step_time(n, hosts, batch)``.
 - Several instance groups (``SimJob.group``) divide the hosts first, by their weights
   (``scheduler.groups.divide``, as the service does), then each group's jobs share its slots.
 - A job measures its speed at each shape it trains at (an ``Observation``, as its step reports
@@ -62,6 +63,8 @@ class Costs:
     start_s: float = 1.907
     finish_s: float = 0.0
     handoff_s: float = 0.0
+    # A move onto one host at the same size (``placement.repack``): bench/move_e2e.py, p95.
+    move_s: float = 0.804
 
 
 @dataclass(frozen=True)
@@ -253,13 +256,20 @@ class Simulator:
                 targets.update({r.index: decision.placements[r.index] for r in members})
         state.decision_s += time.perf_counter() - started
         state.decisions += 1
-        # Slots no job holds go first; a job that needs more waits for reclaimed ones.
-        free = self.total - sum(r.n for r in state.active)
+        # On each host, slots no job holds go first; a job granted more there than are free
+        # (a grow, or a move) waits for the ones this decision reclaims from other jobs.
+        free = dict(self.hosts)
+        for r in state.active:
+            for h, c in r.placement.items():
+                free[h] -= c
         for r in state.active:
             target = targets.get(r.index, r.placement)
-            gain = sum(target.values()) - r.n
-            waits = gain > free
-            free -= min(max(gain, 0), free)
+            waits = False
+            for h, c in target.items():
+                if (gain := c - r.placement.get(h, 0)) > 0:
+                    take = min(gain, max(free[h], 0))
+                    free[h] -= take
+                    waits = waits or gain > take
             self._apply(r, target, now)
             if waits and self.costs.handoff_s:
                 r.paused_until += self.costs.handoff_s
@@ -326,18 +336,27 @@ class Simulator:
         placement = {h: c for h, c in placement.items() if c}
         if placement == r.placement:
             return
-        old, new = r.n, sum(placement.values())
+        before = r.placement
         r.placement = placement
-        if not new:
+        if not placement:
             return
         if r.started is None:
             r.started = now
             cost = self.costs.start_s
         else:
             r.rescales += 1
-            cost = self.costs.grow_s if new > old else self.costs.shrink_s
+            cost = self._change_cost(before, placement)
         r.paused_until = max(r.paused_until, now) + cost
         r.shape_since = r.paused_until
+
+    def _change_cost(self, before: dict[str, int], after: dict[str, int]) -> float:
+        """A grow; a move to other hosts at the same size (``Costs.move_s``); a shrink, unless
+        it also starts a worker on another host (then it costs a grow)."""
+        old, new = sum(before.values()), sum(after.values())
+        if new == old:
+            return self.costs.move_s
+        joins = any(c > before.get(h, 0) for h, c in after.items())
+        return self.costs.grow_s if new > old or joins else self.costs.shrink_s
 
     def _result(self, r: _Running, state: _State) -> Result:
         assert r.finished is not None
