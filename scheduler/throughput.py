@@ -2,20 +2,29 @@
 
 Our runtime keeps a job's global batch constant, so ``n`` workers each compute ``B / n``
 samples per step and then synchronise. The time per sample is modelled, as Pollux does for its
-step time, as compute that divides among the workers plus synchronisation that does not:
+step time, as compute that divides among the workers plus synchronisation that does not, and
+costs more once the workers are on several hosts:
 
-    tau(n, k) = a + b / n + [n > 1] * (c + d * (n - 2)) + e * (k - 1)
+    tau(n, k) = a + b / n + [n > 1] * (c + d * (n - 2))
+                + [k > 1] * (f + g * (n - 2)) + e * (k - 1)
 
 ``a``: work every worker repeats (data loading, the optimizer step); ``b / n``: the forward and
-backward pass, split; ``c``, ``d``: the all-reduce, which costs more with more workers; ``e``:
-each extra host (network instead of shared memory). Throughput is ``1 / tau``.
+backward pass, split; ``c``, ``d``: the all-reduce within a host, which costs more with more
+workers; ``f``, ``g``: what it costs more once it crosses the network (Pollux fits the
+all-reduce's intercept and slope separately for one node and for several, for this reason: the
+step from shared memory to the network is the big one); ``e``: each host beyond the second.
+Throughput is ``1 / tau``. (With ``e`` alone for the network, linear in the hosts, the fit
+could not express a large cost at the first extra host and a small one after it: on the
+Pollux traces it predicted 8 GPUs over two hosts 1.4 times as fast as they were, median;
+bench/results/2026-11-30-pack.md.)
 
-The five non-negative parameters are fitted to the sizes a job has run at (``Observation``),
-by least squares on relative error, pulled gently toward a prior so that a size never seen
+The seven non-negative parameters are fitted to the shapes a job has run at (``Observation``),
+by least squares on relative error, pulled gently toward a prior so that a shape never seen
 gets a sensible guess: the prior assumes the job scales almost linearly, with a small cost per
-worker and per host, so a job that has only run on one slot is first given more (optimism),
-and once it has measured a poor speedup at that size it stops getting them. Where only one
-size is known the prior decides the shape; each new size measured replaces the guess there.
+worker and for the network, so a job that has only run on one slot is first given more
+(optimism), and once it has measured a poor speedup at that size it stops getting them. Where
+only one size is known the prior decides the shape; each new size measured replaces the guess
+there.
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import nnls
 
-# Prior parameters, per sample, in units of the time per sample on one worker.
-PRIOR = (0.0, 1.0, 0.03, 0.002, 0.02)
+# Prior parameters (a, b, c, d, e, f, g), per sample, in units of the time per sample on one
+# worker.
+PRIOR = (0.0, 1.0, 0.03, 0.002, 0.01, 0.01, 0.0)
 # How strongly the prior holds against the observations (each weighs 1, as relative error).
 PRIOR_WEIGHT = 0.05
 
@@ -45,14 +55,15 @@ class Observation:
 
 def _features(n: int, k: int) -> list[float]:
     multi = 1.0 if n > 1 else 0.0
-    return [1.0, 1.0 / n, multi, multi * (n - 2), float(k - 1)]
+    apart = 1.0 if k > 1 else 0.0
+    return [1.0, 1.0 / n, multi, multi * (n - 2), float(k - 1), apart, apart * (n - 2)]
 
 
 @dataclass(frozen=True)
 class ThroughputModel:
     """A fitted ``tau(n, k)``; ``rate(n, k)`` is samples per second at that size."""
 
-    params: tuple[float, float, float, float, float]
+    params: tuple[float, ...]
     # Slots per host, to guess the hosts ``rate(n)`` is spread over (the placement packs).
     slots_per_host: int = 1
     # The measurements it was fitted to, by (workers, hosts): samples per second.
@@ -63,9 +74,10 @@ class ThroughputModel:
         if k is None:
             k = -(-n // max(self.slots_per_host, 1))
         # Plain arithmetic, not numpy: the policy asks this thousands of times per decision.
-        a, b, c, d, e = self.params
+        a, b, c, d, e, f, g = self.params
         sync = c + d * (n - 2) if n > 1 else 0.0
-        return a + b / n + sync + e * (k - 1)
+        apart = f + g * (n - 2) if k > 1 else 0.0
+        return a + b / n + sync + e * (k - 1) + apart
 
     def rate(self, n: int, k: int | None = None) -> float:
         """Samples per second on ``n`` workers (``k`` hosts; packed if not given)."""
