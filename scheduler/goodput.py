@@ -138,8 +138,8 @@ def divide(
     total: int,
 ) -> list[int]:
     """Start every job at its lower bound, then hand out the free slots one at a time to the
-    job whose weighted log-throughput grows most (ties: the earlier job in policy order). A
-    slot that would slow every job down is left idle."""
+    job whose weighted log-throughput grows most (gains within ``TIE`` of each other: the
+    earlier job in policy order). A slot that would slow every job down is left idle."""
     counts = list(lower)
     free = total - sum(counts)
     heap = []
@@ -151,11 +151,35 @@ def divide(
         gain, i = heapq.heappop(heap)
         if gain >= 0:
             break
+        gain, i = _first_of_near_equals(heap, gain, i)
         counts[i] += 1
         free -= 1
         if counts[i] < caps[i]:
             heapq.heappush(heap, (-_gain(weights[i], rates[i], counts[i]), i))
     return counts
+
+
+# Gains this close to the best are equal: the slot goes to the earliest job in policy order.
+# Two jobs' guessed gains often differ by less than their measurements' noise (two 2-worker jobs
+# that both scale near-linearly: 97% and 98%), and which gets the slot should not depend on it.
+TIE = 0.01
+# The next best entries looked at for a near-equal (exact equals are already in policy order on
+# the heap): a few, so that a division stays O(slots x log jobs) with thousands of equal jobs.
+TIE_LOOKS = 8
+
+
+def _first_of_near_equals(heap: list[tuple[float, int]], gain: float, i: int
+                          ) -> tuple[float, int]:
+    """The best entry popped from ``heap`` (``(-gain, job)``), or the earliest job whose gain
+    is within ``TIE`` of it among the next ``TIE_LOOKS``; the others go back on the heap."""
+    near = [(gain, i)]
+    while heap and len(near) <= TIE_LOOKS and heap[0][0] <= gain / (1.0 + TIE):
+        near.append(heapq.heappop(heap))
+    chosen = min(near, key=lambda entry: entry[1])
+    for entry in near:
+        if entry is not chosen:
+            heapq.heappush(heap, entry)
+    return chosen
 
 
 def _gain(weight: float, rate: Rate, n: int) -> float:

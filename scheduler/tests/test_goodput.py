@@ -247,3 +247,14 @@ def test_a_measured_speedup_on_one_host_is_in_the_reason():
     hosts, jobs = spread_pair(faster)
     assert allocate(hosts, jobs, "goodput").moved[1].endswith(
         "(about 100% faster, by its measurements)")
+
+
+def test_a_slot_goes_to_the_earlier_job_when_the_gains_are_near_equal():
+    """Gains within TIE (1%) of each other are equal: noise in a measurement does not decide."""
+    def two_sizes(second: float):
+        return lambda n: 1.0 if n <= 1 else second
+
+    near = goodput.divide([1.0, 1.0], [two_sizes(1.97), two_sizes(1.98)], [1, 1], [2, 2], 3)
+    assert near == [2, 1], "a gain 0.5% larger took the slot from the earlier job"
+    far = goodput.divide([1.0, 1.0], [two_sizes(1.97), two_sizes(2.2)], [1, 1], [2, 2], 3)
+    assert far == [1, 2], "a gain 12% larger did not get the slot"
