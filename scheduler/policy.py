@@ -11,7 +11,8 @@ service can call it on every event and tests can check it without a database.
    ``fairshare`` then water-fills the rest in proportion to priority and rounds by
    largest remainder; ``priority`` and ``fifo`` hand the rest out greedily in their order.
 2. *Placement* (``placement.place``): keep as many of the slots a job holds as its
-   target allows, and put new slots where they pack the job on few hosts.
+   target allows, and put new slots where they pack the job on few hosts. ``goodput`` then
+   moves a job that fits on one host but is spread onto one (``placement.repack``).
 
 Every step sorts by explicit keys, so the result never depends on the order of the
 input or on set/dict iteration order.
@@ -87,7 +88,7 @@ class Decision:
     # better than a comparison of before and after could tell (the throughput-aware policy's
     # marginal gains). Jobs without an entry are explained by ``scheduler.reasons``.
     reasons: dict[JobId, str] = field(default_factory=dict)
-    # Jobs moved onto fewer hosts without a change of count (``placement.repack``), and why.
+    # Jobs whose slots move to other hosts (``placement.repack``, goodput only), and why.
     moved: dict[JobId, str] = field(default_factory=dict)
 
     @property
