@@ -258,6 +258,7 @@ def test_a_forked_process_wakes_its_supervisor_when_it_exits():
     assert after.is_set(), "a listener registered after the exit was not woken at once"
 
 
+@pytest.mark.slow  # it starts a Python process
 def test_a_cold_process_wakes_its_supervisor_when_it_exits(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                             stdin=subprocess.PIPE)
