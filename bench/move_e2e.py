@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import harness
-from bench.elastic_e2e import HOSTS, MAINS, SLOTS_PER_HOST, Bench, iteration_s
+from bench.elastic_e2e import HOSTS, MAINS, SLOTS_PER_HOST, Bench, first_step, iteration_s
 from bench.harness import percentile, step_rows, wait_for
 
 
@@ -58,13 +58,6 @@ def _submit(bench: Bench, name: str, workers: int):
         "BENCH_ENGINES": str(workers)})
 
 
-def _trains_at(job, size: int, after: float, what: str) -> dict:
-    def find():
-        return next((s for s in steps(job) if s["size"] == size and s["ts_start"] >= after),
-                    None)
-    return wait_for(find, what, 180)
-
-
 def spread_job(bench: Bench, n: int):
     """Steps 1: job Z spread over both hosts, measured at 2 workers, alone on them."""
     from jobs.models import JobMetric
@@ -77,10 +70,10 @@ def spread_job(bench: Bench, n: int):
     y = _submit(bench, f"y{n}", 2)
     wait_for(lambda: sum(placement(y).values()) == 2, "job Y's 2 slots", 60)
     z = _submit(bench, f"z{n}", 2)
-    _trains_at(z, 1, 0, "job Z to train on 1 worker")
+    wait_for(lambda: first_step(z, 1, 0), "job Z to train on 1 worker", 180)
     job_kill(job=y, user=bench.owner)
     wait_for(lambda: len(placement(z)) == 2, "job Z to grow onto the second host", 120)
-    _trains_at(z, 2, 0, "job Z to train on 2 workers")
+    wait_for(lambda: first_step(z, 2, 0), "job Z to train on 2 workers", 180)
     wait_for(lambda: JobMetric.objects.filter(job=z, workers=2).exists(),
              "job Z's speed at 2 workers", 120)
     job_kill(job=x, user=bench.owner)
