@@ -247,9 +247,8 @@ def move_reason(rate: Rate, n: int, hosts: int, fewer: int) -> str:
             "the network")
     speedup = getattr(rate, "speedup", None)
     if speedup is not None and (gain := speedup(n, hosts, fewer) - 1.0) >= MOVE_GAIN:
-        measured = getattr(rate, "measured", {})
-        source = ("by its measurements" if (n, hosts) in measured and (n, fewer) in measured
-                  else "as its model predicts")
+        measured = rate.measured_speedup(n, hosts, fewer) is not None  # type: ignore[attr-defined]
+        source = "by its measurements" if measured else "as its model predicts"
         text += f" (about {100 * gain:.0f}% faster, {source})"
     return text
 

@@ -179,8 +179,8 @@ def repack(
     are still there, else (a larger job took them) the fewest hosts that hold it, never more
     than it had. The result is kept only if some job ends on one host, so jobs cannot move
     back and forth: every kept re-placement lowers their hosts in all. On a host a job stays
-    on it keeps its slots; only the workers on the hosts it leaves move, and a move costs what
-    a grow does (a worker starting and joining)."""
+    on it keeps its slots; only the workers on the hosts it leaves move, in one regroup of the
+    job (bench/move_e2e.py times it)."""
     fullest = max(hosts.values(), default=0)
     spread = [i for i, mine in enumerate(placements)
               if len(mine) > 1 and sum(mine.values()) <= fullest

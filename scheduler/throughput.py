@@ -91,10 +91,13 @@ class ThroughputModel:
         where the job (or its kin) ran at both shapes, else as the model predicts. The model
         can only say "no slower" or "faster" (a host never helps it); a measurement can say
         that fewer hosts were slower (a host's own bottleneck, or its neighbours')."""
+        measured = self.measured_speedup(n, k, fewer)
+        return measured if measured is not None else self.rate(n, fewer) / self.rate(n, k)
+
+    def measured_speedup(self, n: int, k: int, fewer: int) -> float | None:
+        """``speedup`` as measured at both shapes; None where either was not."""
         now, after = self.measured.get((n, k)), self.measured.get((n, fewer))
-        if now and after:
-            return after / now
-        return self.rate(n, fewer) / self.rate(n, k)
+        return after / now if now and after else None
 
 
 def fit(observations: Sequence[Observation], slots_per_host: int = 1) -> ThroughputModel:
